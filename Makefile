@@ -1,0 +1,38 @@
+# Every target creates or refreshes the virtual environment it needs: nothing is installed by hand.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PIP := $(BIN)/python -m pip --disable-pip-version-check
+# Trainer-level tests spawn DataLoader workers and DDP processes; keep each process to one thread
+export OMP_NUM_THREADS ?= 1
+export MKL_NUM_THREADS ?= 1
+export PYTHONHASHSEED ?= 0
+
+.PHONY: venv demo test lint docs bench clean
+
+$(STAMP): requirements/*.txt setup.py pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet -r requirements/torch-ci.txt
+	$(PIP) install --quiet -r requirements/ci.txt
+	$(PIP) install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: venv  ## the main job: train, SIGKILL mid-epoch, resume with and without the callback, report
+	$(BIN)/python examples/demo.py --out demo-output
+
+test: venv  ## every test, with branch coverage of src/ (at least 90%, enforced)
+	$(BIN)/python -m pytest src/lightning_midepoch tests --cov --cov-report=term-missing -p no:cacheprovider
+
+lint: venv  ## ruff and mypy --strict on src/
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/mypy
+
+bench: venv  ## measurements, printed as tables; plots in benchmarks/results/
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage demo-output docs/_build

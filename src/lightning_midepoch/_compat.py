@@ -1,0 +1,159 @@
+"""Every private Lightning name this package relies on, and the check that the installed Lightning has them.
+
+The loop and fetcher overrides in :mod:`lightning_midepoch._loops` and :mod:`lightning_midepoch._fetchers` are
+written against the private attributes listed here. They are checked on the trainer's own objects when the callback
+is set up, so that an unsupported Lightning fails with one clear message instead of an ``AttributeError`` deep inside
+a training loop. Both namespaces (``lightning.pytorch`` and ``pytorch_lightning``) are served: whatever is needed is
+looked up in the namespace the trainer comes from, never imported from one the user may not have installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from packaging.version import Version
+
+if TYPE_CHECKING:
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.utilities.combined_loader import CombinedLoader
+
+#: The Lightning releases the overrides are written and tested against.
+SUPPORTED_MIN = Version("2.5.0")
+SUPPORTED_BELOW = Version("2.7.0")
+SUPPORTED_RANGE = f">={SUPPORTED_MIN},<{SUPPORTED_BELOW}"
+
+#: Private attributes used, per object, checked on the live trainer before anything is installed.
+REQUIRED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    "fit_loop": (
+        "_data_fetcher",
+        "_combined_loader",
+        "_last_train_dl_reload_epoch",
+        "_loaded_from_state_dict",
+        "_should_reload_train_dl",
+        "epoch_progress",
+        "restarted_mid_epoch",
+        "restarted_on_epoch_end",
+        "update_restart_stage",
+        "setup_data",
+        "on_advance_start",
+        "reset",
+    ),
+    "epoch_loop": (
+        "_batches_that_stepped",
+        "_on_before_fetch",
+        "_on_after_fetch",
+        "_should_accumulate",
+        "batch_progress",
+        "restarted_on_train_batch_end",
+        "reset_restart_stage",
+        "val_loop",
+        "on_run_start",
+        "advance",
+        "reset",
+    ),
+}
+
+#: The warning stock Lightning gives when it resumes mid-epoch without a resumable loader; ours replaces it.
+STOCK_NOT_RESUMABLE_WARNING = "You're resuming from a checkpoint that ended before the epoch ended"
+
+
+def namespace(obj: object) -> str:
+    """The Lightning package an object comes from: ``"lightning"`` or ``"pytorch_lightning"``."""
+    root = type(obj).__module__.split(".")[0]
+    return root if root in ("lightning", "pytorch_lightning") else "lightning"
+
+
+def lightning_version(obj: object) -> str:
+    """The version of the Lightning package the object (usually the trainer) comes from."""
+    return str(importlib.import_module(namespace(obj)).__version__)
+
+
+def check_supported(trainer: Trainer) -> None:
+    """Fail clearly if the trainer's Lightning is outside the supported range or lacks a private name we use.
+
+    Raises:
+        RuntimeError: Naming the installed version, the supported range and anything missing.
+
+    """
+    package = namespace(trainer)
+    installed = lightning_version(trainer)
+    if not SUPPORTED_MIN <= Version(installed) < SUPPORTED_BELOW:
+        raise RuntimeError(
+            f"lightning-midepoch supports {package} {SUPPORTED_RANGE}, but {package} {installed} is installed."
+            f" Install a supported release (`pip install '{package}{SUPPORTED_RANGE}'`) or remove the"
+            " MidEpochResume callback."
+        )
+    objects = {"fit_loop": trainer.fit_loop, "epoch_loop": trainer.fit_loop.epoch_loop}
+    missing = [
+        f"{name}.{attribute}"
+        for name, attributes in REQUIRED_ATTRIBUTES.items()
+        for attribute in attributes
+        if not hasattr(objects[name], attribute)
+    ]
+    if missing:
+        raise RuntimeError(
+            f"lightning-midepoch cannot run with {package} {installed}: the trainer's loops lack {', '.join(missing)}."
+            f" Supported releases are {package}{SUPPORTED_RANGE}. If you replaced the fit loop with your own, keep"
+            " Lightning's attributes on it."
+        )
+
+
+def combined_mode_iterator(combined_loader: CombinedLoader) -> Any:
+    """Create the CombinedLoader's mode iterator without starting the loaders' iterators.
+
+    Lets ``len(combined_loader)`` work while the first iterator of a resumed epoch is held back until the epoch loop
+    has set the sampler epoch and knows where to resume.
+    """
+    module = sys.modules[type(combined_loader).__module__]
+    modes = module._SUPPORTED_MODES
+    iterator_cls = modes[combined_loader._mode]["iterator"]
+    return iterator_cls(combined_loader.flattened, combined_loader._limits)
+
+
+def set_batch_index(combined_loader: CombinedLoader, batch_idx: int) -> None:
+    """Make the CombinedLoader number its next batch ``batch_idx`` (it restarts at 0 with every new iterator)."""
+    iterator = combined_loader._iterator
+    if iterator is not None:
+        iterator._idx = batch_idx
+
+
+def combined_mode(combined_loader: CombinedLoader) -> str:
+    """The CombinedLoader's mode (``"max_size_cycle"`` for the loader Lightning builds around a plain one)."""
+    return str(combined_loader._mode)
+
+
+def hold_combined_iterator(combined_loader: CombinedLoader) -> None:
+    """Give the CombinedLoader a mode iterator whose loaders have not been started."""
+    combined_loader._iterator = combined_mode_iterator(combined_loader)
+
+
+def warn(message: str, trainer: object, seen: set[str]) -> None:
+    """Warn once per message and per ``seen`` set through Lightning's channel (rank zero, ``PossibleUserWarning``)."""
+    if message in seen:
+        return
+    seen.add(message)
+    package = namespace(trainer)
+    rank_zero = importlib.import_module(
+        "lightning.pytorch.utilities.rank_zero" if package == "lightning" else "pytorch_lightning.utilities.rank_zero"
+    )
+    rank_zero.rank_zero_warn(message, category=_possible_user_warning(package))
+
+
+def _possible_user_warning(package: str) -> type[Warning]:
+    module = importlib.import_module(
+        "lightning.fabric.utilities.warnings" if package == "lightning" else "lightning_fabric.utilities.warnings"
+    )
+    return module.PossibleUserWarning  # type: ignore[no-any-return]
+
+
+@contextmanager
+def stock_warning_suppressed() -> Iterator[None]:
+    """Silence stock Lightning's "dataloader is not resumable" warning: with the callback, this path is supported."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=STOCK_NOT_RESUMABLE_WARNING)
+        yield

@@ -1,0 +1,52 @@
+"""The ``_DataFetcher`` override: install the order recorders and hold back a resumed epoch's first iterator.
+
+Stock Lightning creates the train iterator of the first epoch after a resume in ``_FitLoop.setup_data``: before the
+sampler epoch is set (so workers prefetch the wrong epoch's order, Lightning issue #21938) and before anything knows
+where in the epoch to continue. The fetcher below, while a resume is pending, gives the ``CombinedLoader`` a mode
+iterator whose loaders have not started; the epoch loop starts them in ``on_run_start``
+(:mod:`lightning_midepoch._loops`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from typing_extensions import override
+
+from lightning_midepoch import _compat
+
+if TYPE_CHECKING:
+    from lightning.pytorch.loops.fetchers import _DataFetcher as _DataFetcherBase
+    from lightning.pytorch.utilities.combined_loader import CombinedLoader
+
+    from lightning_midepoch._session import _Session
+else:
+    # Lightning's fetchers are Iterators: a mixin with the same base keeps the instance layout, so that the
+    # fetcher's class can be switched
+    _DataFetcherBase = Iterator
+
+
+class _ResumableDataFetcher(_DataFetcherBase):
+    """Mixed into the trainer's train data fetcher (any ``_DataFetcher`` subclass) by :class:`_Session`."""
+
+    _midepoch: _Session
+
+    @override
+    def setup(self, combined_loader: CombinedLoader) -> None:
+        super().setup(combined_loader)
+        self._midepoch.attach(combined_loader)
+
+    @override
+    def __iter__(self) -> Any:
+        session = self._midepoch
+        if session.hold_next_iter:
+            # the first iterator after a resume: started by the epoch loop once it knows where the epoch continues
+            session.hold_next_iter = False
+            session.iterator_held = True
+            _compat.hold_combined_iterator(self.combined_loader)
+            self.iterator = None
+            self.reset()
+            return self
+        session.start_epoch()
+        return super().__iter__()

@@ -1,0 +1,129 @@
+"""The ``_FitLoop`` and ``_TrainingEpochLoop`` overrides: resume the interrupted epoch exactly.
+
+These are mixins, put in front of the trainer's own loop classes on one trainer instance by :class:`_Session`; the
+classes themselves are never changed. What they change with respect to stock Lightning, on resume only:
+
+* ``_TrainingEpochLoop.on_run_start`` starts the held-back iterator of the resumed epoch after the sampler epoch is
+  set, with every train loader fast-forwarded past its consumed batches at the sampler level.
+* A checkpoint written in ``on_train_batch_end`` interrupted the rest of that batch (the validation due after it,
+  the step-interval plateau schedulers): stock Lightning skips it, and at an epoch's last batch also skips the
+  epoch's end. Here the loop finishes that batch, and that epoch, as the uninterrupted run did.
+* The random states and partial gradients saved with the checkpoint are restored before the epoch continues.
+* The stock "dataloader is not resumable" warning is not given: this path is supported.
+
+A run that never resumes goes through the stock code unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from typing_extensions import override
+
+from lightning_midepoch import _compat
+
+if TYPE_CHECKING:
+    from lightning.pytorch.loops.fetchers import _DataFetcher
+    from lightning.pytorch.loops.fit_loop import _FitLoop as _FitLoopBase
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop as _EpochLoopBase
+
+    from lightning_midepoch._session import _Session
+else:
+    _FitLoopBase = object
+    _EpochLoopBase = object
+
+
+class _ResumableFitLoop(_FitLoopBase):
+    """Mixed into the trainer's fit loop by :class:`_Session`."""
+
+    _midepoch: _Session
+
+    @property  # type: ignore[override]
+    def _data_fetcher(self) -> Any:
+        return self.__dict__.get("_data_fetcher")
+
+    @_data_fetcher.setter
+    def _data_fetcher(self, fetcher: Any) -> None:
+        # the fetcher is created inside setup_data: take it over before setup_data starts its iterator
+        if fetcher is not None:
+            self._midepoch.adopt_fetcher(fetcher)
+        self.__dict__["_data_fetcher"] = fetcher
+
+    @override
+    def setup_data(self) -> None:
+        first_after_resume = self._combined_loader is None and self._loaded_from_state_dict
+        self._midepoch.hold_next_iter = first_after_resume
+        try:
+            super().setup_data()
+        finally:
+            self._midepoch.hold_next_iter = False
+        n = self.trainer.reload_dataloaders_every_n_epochs
+        if first_after_resume and n and self._combined_loader is not None:
+            # the uninterrupted run last reloaded at the latest multiple of n, not at the epoch it was resumed in
+            epoch = self.trainer.current_epoch
+            self._last_train_dl_reload_epoch = epoch - epoch % n
+
+    @override
+    def reset(self) -> None:
+        self.update_restart_stage()
+        progress = self.epoch_loop.batch_progress
+        # a checkpoint from on_train_batch_end of an epoch's last batch: stock Lightning would count that epoch as
+        # finished here, skipping its validation and epoch-end hooks. The epoch loop finishes it instead.
+        finish_epoch = (
+            self.restarted_mid_epoch and self.epoch_loop.restarted_on_train_batch_end and progress.is_last_batch
+        )
+        if finish_epoch:
+            progress.is_last_batch = False
+        try:
+            super().reset()
+        finally:
+            if finish_epoch:
+                progress.is_last_batch = True
+
+    @override
+    def on_advance_start(self) -> None:
+        # before on_train_epoch_start: a new epoch's hooks and order draw from the states the checkpoint recorded
+        self._midepoch.restore_live_state()
+        super().on_advance_start()
+
+
+class _ResumableTrainingEpochLoop(_EpochLoopBase):
+    """Mixed into the trainer's training epoch loop by :class:`_Session`."""
+
+    _midepoch: _Session
+
+    @override
+    def reset(self) -> None:
+        if self.restarting and self.restarted_on_train_batch_end:
+            self._midepoch.finish_interrupted_batch = True
+            progress = self.batch_progress
+            if progress.is_last_batch or progress.current.completed + 1 >= self.trainer.num_training_batches:
+                # stay in the interrupted epoch (stock Lightning would roll over into the next one)
+                progress.increment_completed()
+                self.reset_restart_stage()
+        with _compat.stock_warning_suppressed():
+            super().reset()
+
+    @override
+    def on_run_start(self, data_fetcher: _DataFetcher) -> None:
+        session = self._midepoch
+        if session.iterator_held:
+            session.start_resumed_epoch(self, data_fetcher)
+        elif self.trainer.current_epoch > 0 and not self.restarting:
+            iter(data_fetcher)
+        data_fetcher.fetched += self.batch_progress.current.ready
+        data_fetcher._start_profiler = self._on_before_fetch
+        data_fetcher._stop_profiler = self._on_after_fetch
+
+    @override
+    def advance(self, data_fetcher: _DataFetcher) -> None:
+        session = self._midepoch
+        if session.finish_interrupted_batch:
+            # the checkpoint was written in on_train_batch_end: returning lets on_advance_end finish that batch (the
+            # validation due after it, plateau schedulers), as the uninterrupted run did after writing it
+            session.finish_interrupted_batch = False
+            self.val_loop.restarting = False
+            if not self._should_accumulate():
+                self._batches_that_stepped -= 1  # reset() already counted this batch; on_advance_end counts it
+            return
+        super().advance(data_fetcher)

@@ -1,0 +1,171 @@
+"""Record what determines a train loader's order as it is drawn, and replay it part-way through.
+
+A DataLoader draws its order from its index sampler (the batch sampler, or the sampler when ``batch_size=None``).
+:class:`_IndexSamplerRecorder` stands in for that object on one DataLoader. Each time the loader starts a pass it
+captures the random states the sampler is about to draw from, at the two moments a sampler can draw: at ``iter()``
+(samplers whose ``__iter__`` draws eagerly) and at the first ``next()`` (generator-based samplers, which is every
+torch sampler). Capturing reads states only; nothing is drawn, so a run that is never resumed is unchanged.
+
+On resume the recorder is armed with the recorded pass and the number of consumed items; the next pass then
+re-creates the same order with those states applied (the process-wide ones in isolation), skips the consumed items
+at the index level (:func:`~lightning_midepoch._sampling.fast_forward`) and continues from there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_midepoch import _rng
+from lightning_midepoch._sampling import fast_forward
+
+_SENTINEL = object()
+
+
+@dataclass
+class _PassRecord:
+    """The random states one pass of a loader's index sampler drew its order from."""
+
+    epoch: int
+    index: int  # how many times the loader was restarted inside this epoch before this pass (a cycling loader)
+    at_iter: dict[str, Any]
+    at_first_next: dict[str, Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "index": self.index,
+            "at_iter": self.at_iter,
+            "at_first_next": self.at_first_next,
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> _PassRecord:
+        return cls(state["epoch"], state["index"], state["at_iter"], state.get("at_first_next"))
+
+
+@dataclass
+class _Replay:
+    """What the next pass of a loader does after a resume (kept until the epoch loop has built its iterator)."""
+
+    record: _PassRecord | None  # the pass to replay; None: nothing recorded, the order is drawn afresh
+    skip: int  # items of this pass consumed before the checkpoint
+    index: int  # the pass's index within the epoch
+    live: bool = False  # draw from the live states (a new epoch), only keeping them still across iter() calls
+    at_iter: dict[str, Any] | None = None  # with no record: the states at the first iter() call
+
+
+def _capture(rng_objects: dict[str, Any]) -> dict[str, Any]:
+    return {"global": _rng.capture_global(), "objects": _rng.capture_objects(rng_objects)}
+
+
+def _apply(rng_objects: dict[str, Any], state: dict[str, Any]) -> None:
+    _rng.restore_global(state["global"])
+    _rng.restore_objects(rng_objects, state["objects"])
+
+
+class _IndexSamplerRecorder:
+    """A transparent stand-in for a DataLoader's index sampler that records and replays its order.
+
+    Attribute access, ``len()`` and ``isinstance`` are forwarded to the wrapped sampler.
+    """
+
+    __slots__ = ("_midepoch_inner", "_midepoch_rng_objects", "_midepoch_epoch_fn", "record", "passes", "_replay")
+
+    def __init__(self, inner: Any, rng_objects: dict[str, Any], epoch_fn: Callable[[], int]) -> None:
+        object.__setattr__(self, "_midepoch_inner", inner)
+        object.__setattr__(self, "_midepoch_rng_objects", rng_objects)
+        object.__setattr__(self, "_midepoch_epoch_fn", epoch_fn)
+        object.__setattr__(self, "record", None)  # the current pass
+        object.__setattr__(self, "passes", 0)  # passes started since the epoch's loader iterator was created
+        object.__setattr__(self, "_replay", None)
+
+    @property
+    def inner(self) -> Any:
+        """The wrapped sampler."""
+        return self._midepoch_inner
+
+    @property
+    def rng_objects(self) -> dict[str, Any]:
+        """The generators owned by the loader and its samplers, by path."""
+        return self._midepoch_rng_objects
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # noqa: D105 - makes isinstance() see the wrapped sampler's class
+        return type(self._midepoch_inner)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_midepoch") or name in _IndexSamplerRecorder.__slots__:
+            raise AttributeError(name)
+        return getattr(self._midepoch_inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _IndexSamplerRecorder.__slots__:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._midepoch_inner, name, value)
+
+    def __len__(self) -> int:
+        return len(self._midepoch_inner)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._midepoch_inner!r})"
+
+    def start_epoch(self) -> None:
+        """Called when the epoch's loader iterator is (re)created: the next pass is the epoch's first."""
+        self.passes = 0
+
+    def arm(self, replay: _Replay) -> None:
+        """Make the passes started until :meth:`disarm` replay ``replay`` (see :class:`_Replay`)."""
+        self._replay = replay
+
+    def disarm(self) -> None:
+        self._replay = None
+
+    def __iter__(self) -> Iterator[Any]:
+        replay = self._replay
+        if replay is None:
+            record = _PassRecord(self._midepoch_epoch_fn(), self.passes, _capture(self._midepoch_rng_objects))
+            self.record = record
+            return self._observe(iter(self._midepoch_inner), record)
+        # Armed after a resume. A DataLoader iterator with workers calls iter() twice (the first result is dropped)
+        # and draws its worker base seed in between: every call starts from the same states, so the pass that is
+        # used draws from exactly the states the original pass drew from.
+        if replay.record is not None:
+            record = replay.record  # a later checkpoint in this epoch must save the same record
+        else:
+            if replay.at_iter is None:
+                replay.at_iter = _capture(self._midepoch_rng_objects)
+            record = _PassRecord(self._midepoch_epoch_fn(), replay.index, replay.at_iter)
+        self.record, self.passes = record, replay.index
+        # eager samplers draw inside fast_forward(). The process-wide states are left applied on purpose: the
+        # DataLoader iterator draws its worker base seed next, as the original did; the epoch loop restores the
+        # live states once every iterator is built.
+        _apply(self._midepoch_rng_objects, record.at_iter)
+        iterator = fast_forward(self._midepoch_inner, replay.skip)
+        if replay.live or record.at_first_next is None and replay.record is not None:
+            # a new epoch, or a recorded pass that had not drawn yet when the checkpoint was written: draw now
+            return self._observe(iterator, record)
+        return self._resume(iterator, record)
+
+    def _observe(self, iterator: Iterator[Any], record: _PassRecord) -> Iterator[Any]:
+        # a generator: this body runs at the first next(), when generator-based samplers draw
+        record.at_first_next = _capture(self._midepoch_rng_objects)
+        record.index, self.passes = self.passes, self.passes + 1
+        yield from iterator
+
+    def _resume(self, iterator: Iterator[Any], record: _PassRecord) -> Iterator[Any]:
+        # a generator: this body runs at the first next(). The order was drawn long before the checkpoint: draw it
+        # again (and consume the skipped items) in isolation, so that resuming never draws from the live states.
+        record.index, self.passes = self.passes, self.passes + 1
+        with _rng.isolated_global():
+            if record.at_first_next is None:
+                record.at_first_next = _capture(self._midepoch_rng_objects)
+            else:
+                _apply(self._midepoch_rng_objects, record.at_first_next)
+            first = next(iterator, _SENTINEL)
+        if first is _SENTINEL:
+            return
+        yield first
+        yield from iterator

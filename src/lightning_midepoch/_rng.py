@@ -1,0 +1,266 @@
+"""Capture, restore and isolate random number generator states.
+
+Everything here imports only torch (numpy and CUDA are used when present) and converts states to plain tensors,
+ints, floats, strings, lists and dicts, so that they survive ``torch.load(..., weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+try:  # numpy is optional: torch does not require it
+    import numpy as np
+except ImportError:  # pragma: no cover - numpy is installed wherever Lightning is
+    np = None  # type: ignore[assignment]
+
+_RNGState = dict[str, Any]
+
+#: Attribute names searched for random number generators owned by a sampler, batch sampler or DataLoader.
+_OWNER_ATTRS = ("generator", "rng", "_rng", "random_state", "_generator")
+#: Attribute names followed from a batch sampler to the sampler it wraps.
+_CHILD_ATTRS = ("sampler", "batch_sampler")
+
+
+def _numpy_array_to_state(array: Any) -> dict[str, Any]:
+    return {"ndarray": torch.from_numpy(array.astype("int64")), "dtype": str(array.dtype)}
+
+
+def _state_to_numpy_array(state: Mapping[str, Any]) -> Any:
+    return state["ndarray"].numpy().astype(state["dtype"])
+
+
+def _encode(value: Any) -> Any:
+    """Turn a (nested) numpy bit-generator state into weights-only-safe primitives."""
+    if np is not None and isinstance(value, np.ndarray):
+        return _numpy_array_to_state(value)
+    if isinstance(value, dict):
+        return {key: _encode(item) for key, item in value.items()}
+    return value
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {"ndarray", "dtype"}:
+            return _state_to_numpy_array(value)
+        return {key: _decode(item) for key, item in value.items()}
+    return value
+
+
+def _python_state(rng: random.Random | None = None) -> dict[str, Any]:
+    version, internal, gauss_next = (rng or random).getstate()
+    return {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss_next": gauss_next}
+
+
+def _set_python_state(state: Mapping[str, Any], rng: random.Random | None = None) -> None:
+    internal = tuple(int(v) for v in state["state"].tolist())
+    (rng or random).setstate((state["version"], internal, state["gauss_next"]))
+
+
+def _numpy_global_state() -> dict[str, Any] | None:
+    if np is None:  # pragma: no cover
+        return None
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)  # type: ignore[misc]
+    return {
+        "name": name,
+        "keys": torch.from_numpy(keys.astype("int64")),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached_gaussian),
+    }
+
+
+def _set_numpy_global_state(state: Mapping[str, Any]) -> None:
+    if np is None:  # pragma: no cover
+        return
+    keys = state["keys"].numpy().astype("uint32")
+    np.random.set_state((state["name"], keys, state["pos"], state["has_gauss"], state["cached_gaussian"]))
+
+
+def capture_global(include_cuda: bool = False) -> _RNGState:
+    """Return the states of the process-wide generators: torch (CPU, optionally CUDA), numpy and ``random``.
+
+    Args:
+        include_cuda: Also capture the state of every CUDA device's default generator, when CUDA is initialized.
+
+    Example:
+        >>> state = capture_global()
+        >>> first = torch.rand(1)
+        >>> restore_global(state)
+        >>> torch.equal(first, torch.rand(1))
+        True
+
+    """
+    state: _RNGState = {"torch": torch.get_rng_state(), "python": _python_state()}
+    numpy_state = _numpy_global_state()
+    if numpy_state is not None:
+        state["numpy"] = numpy_state
+    if include_cuda and torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    return state
+
+
+def restore_global(state: Mapping[str, Any]) -> None:
+    """Set the process-wide generators to a state returned by :func:`capture_global`.
+
+    Components missing from ``state`` are left alone. CUDA states are restored only when the number of devices
+    matches the number captured.
+    """
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+    if "python" in state:
+        _set_python_state(state["python"])
+    if "numpy" in state:
+        _set_numpy_global_state(state["numpy"])
+    cuda_states = state.get("cuda")
+    if cuda_states and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda_states):
+        torch.cuda.set_rng_state_all(cuda_states)
+
+
+@contextmanager
+def isolated_global() -> Iterator[None]:
+    """Run a block without letting it change the process-wide CPU generators (torch, numpy, ``random``).
+
+    Example:
+        >>> before = torch.get_rng_state()
+        >>> with isolated_global():
+        ...     _ = torch.rand(3)
+        >>> torch.equal(before, torch.get_rng_state())
+        True
+
+    """
+    state = capture_global()
+    try:
+        yield
+    finally:
+        restore_global(state)
+
+
+def _is_rng_object(value: Any) -> bool:
+    if isinstance(value, (torch.Generator, random.Random)):
+        return True
+    return np is not None and isinstance(value, (np.random.Generator, np.random.RandomState))
+
+
+def find_rng_objects(roots: Mapping[str, Any], depth: int = 3) -> dict[str, Any]:
+    """Find the random number generator objects owned by data-loading objects.
+
+    Looks at the attributes listed in ``_OWNER_ATTRS`` of each root and, following ``sampler``/``batch_sampler``,
+    of the objects they wrap. The same generator reached twice is reported once, under its first path.
+
+    Args:
+        roots: Named objects to search, e.g. ``{"loader": dataloader, "index_sampler": batch_sampler}``.
+        depth: How many ``sampler`` links to follow.
+
+    Returns:
+        A mapping from a dotted path such as ``"index_sampler.sampler.generator"`` to the generator object.
+
+    """
+    found: dict[str, Any] = {}
+    seen: set[int] = set()
+
+    def visit(path: str, obj: Any, level: int) -> None:
+        if obj is None or level > depth:
+            return
+        attrs = getattr(obj, "__dict__", None)
+        if not isinstance(attrs, dict):
+            return
+        for name in _OWNER_ATTRS:
+            value = attrs.get(name)
+            if value is not None and _is_rng_object(value) and id(value) not in seen:
+                seen.add(id(value))
+                found[f"{path}.{name}"] = value
+        for name in _CHILD_ATTRS:
+            if name in attrs:
+                visit(f"{path}.{name}", attrs[name], level + 1)
+
+    for root_name, root in roots.items():
+        visit(root_name, root, 0)
+    return found
+
+
+def _object_state(obj: Any) -> Any:
+    if isinstance(obj, torch.Generator):
+        return {"kind": "torch", "state": obj.get_state()}
+    if isinstance(obj, random.Random):
+        return {"kind": "python", "state": _python_state(obj)}
+    if np is not None and isinstance(obj, np.random.RandomState):
+        return {"kind": "numpy_legacy", "state": _encode(obj.get_state(legacy=False))}
+    return {"kind": "numpy", "state": _encode(obj.bit_generator.state)}
+
+
+def _set_object_state(obj: Any, state: Mapping[str, Any]) -> None:
+    kind = state["kind"]
+    if kind == "torch":
+        obj.set_state(state["state"])
+    elif kind == "python":
+        _set_python_state(state["state"], obj)
+    elif kind == "numpy_legacy":
+        obj.set_state(_decode(state["state"]))
+    else:
+        obj.bit_generator.state = _decode(state["state"])
+
+
+def capture_objects(objects: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the states of generator objects found by :func:`find_rng_objects`, keyed by path."""
+    return {path: _object_state(obj) for path, obj in objects.items()}
+
+
+def restore_objects(objects: Mapping[str, Any], states: Mapping[str, Any]) -> list[str]:
+    """Set generator objects to captured states, matching them by path.
+
+    Returns:
+        The paths present in ``states`` that have no matching object now (so the caller can report them).
+
+    """
+    missing = []
+    for path, state in states.items():
+        obj = objects.get(path)
+        if obj is None:
+            missing.append(path)
+            continue
+        _set_object_state(obj, state)
+    return missing
+
+
+def states_equal(first: Any, second: Any) -> bool:
+    """Compare two captured states (nested dicts, lists and tensors) for exact equality."""
+    if isinstance(first, torch.Tensor) or isinstance(second, torch.Tensor):
+        return (
+            isinstance(first, torch.Tensor)
+            and isinstance(second, torch.Tensor)
+            and first.shape == second.shape
+            and torch.equal(first, second)
+        )
+    if isinstance(first, Mapping) and isinstance(second, Mapping):
+        return first.keys() == second.keys() and all(states_equal(first[k], second[k]) for k in first)
+    if isinstance(first, (list, tuple)) and isinstance(second, (list, tuple)):
+        return len(first) == len(second) and all(states_equal(a, b) for a, b in zip(first, second))
+    return bool(first == second)
+
+
+def state_nbytes(state: Any) -> int:
+    """Approximate size of a captured state: tensor bytes plus 8 bytes per scalar."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, Mapping):
+        return sum(state_nbytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(state_nbytes(v) for v in state)
+    return 8
+
+
+def iter_tensors(state: Any) -> Iterable[torch.Tensor]:
+    """Yield every tensor inside a nested state."""
+    if isinstance(state, torch.Tensor):
+        yield state
+    elif isinstance(state, Mapping):
+        for value in state.values():
+            yield from iter_tensors(value)
+    elif isinstance(state, (list, tuple)):
+        for value in state:
+            yield from iter_tensors(value)

@@ -1,0 +1,340 @@
+"""One trainer's mid-epoch resume machinery, from the callback's ``setup`` to its ``teardown``.
+
+The session installs the loop and fetcher overrides on its trainer (and only there), wraps the index sampler of each
+map-style train loader in a recorder, builds the callback's checkpoint state, and on resume plans where each loader
+continues and restores the saved random states and partial gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from lightning_midepoch import _compat, _rng
+from lightning_midepoch import _state as S
+from lightning_midepoch.__about__ import __version__
+from lightning_midepoch._fetchers import _ResumableDataFetcher
+from lightning_midepoch._loops import _ResumableFitLoop, _ResumableTrainingEpochLoop
+from lightning_midepoch._order import _IndexSamplerRecorder, _PassRecord, _Replay
+
+if TYPE_CHECKING:
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.loops.fetchers import _DataFetcher
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+    from lightning.pytorch.utilities.combined_loader import CombinedLoader
+
+OnMismatch = Literal["raise", "restart_epoch"]
+
+_MIXED_CLASSES: dict[tuple[type, type], type] = {}
+
+
+def _mix_in(obj: object, mixin: type) -> type:
+    """Put ``mixin`` in front of ``obj``'s class, on this instance only. Returns the class to restore later."""
+    original = type(obj)
+    if issubclass(original, mixin):
+        return original
+    key = (mixin, original)
+    if key not in _MIXED_CLASSES:
+        _MIXED_CLASSES[key] = type(f"{mixin.__name__}[{original.__name__}]", (mixin, original), {})
+    obj.__class__ = _MIXED_CLASSES[key]
+    return original
+
+
+def _position(mode: str, consumed: int, length: int) -> tuple[int, int]:
+    """Which pass of a loader the epoch's ``consumed``-th batch came from, and how far into that pass it was.
+
+    In ``max_size_cycle`` mode a loader shorter than the epoch restarts when exhausted; a loader exactly exhausted at
+    the checkpoint is still in its finished pass (it restarts at the next fetch, as it would have).
+    """
+    if mode == "max_size_cycle" and length > 0 and consumed > 0:
+        index = (consumed - 1) // length
+        return index, consumed - index * length
+    if mode == "max_size":
+        return 0, min(consumed, length)
+    return 0, consumed
+
+
+class _Session:
+    """The state and actions of mid-epoch resume for one trainer during one ``fit``."""
+
+    def __init__(self, trainer: Trainer, on_mismatch: OnMismatch, loaded: Mapping[str, Any] | None = None) -> None:
+        self.trainer = trainer
+        self.on_mismatch = on_mismatch
+        self.loaded: Mapping[str, Any] | None = loaded
+        self.loaders: list[Any] = []
+        self.recorders: list[_IndexSamplerRecorder | None] = []
+        self.combined_loader: CombinedLoader | None = None
+        self.fetcher: _DataFetcher | None = None
+        # flags shared with the loop and fetcher overrides
+        self.hold_next_iter = False
+        self.iterator_held = False
+        self.finish_interrupted_batch = False
+        self._live_pending = False
+        self._warned: set[str] = set()
+        self._originals: list[tuple[object, type]] = []
+
+    # ------------------------------------------------------------------ installing
+    def install(self) -> None:
+        """Put the loop overrides on this trainer's loops."""
+        fit_loop = self.trainer.fit_loop
+        for obj, mixin in ((fit_loop, _ResumableFitLoop), (fit_loop.epoch_loop, _ResumableTrainingEpochLoop)):
+            self._originals.append((obj, _mix_in(obj, mixin)))
+            obj._midepoch = self  # type: ignore[attr-defined]
+        if fit_loop._data_fetcher is not None:  # pragma: no cover - Lightning creates it inside setup_data
+            self.adopt_fetcher(fit_loop._data_fetcher)
+
+    def uninstall(self) -> None:
+        """Give the trainer its stock loops and the loaders their own index samplers back."""
+        self._restore_samplers()
+        for obj, original in reversed(self._originals):
+            obj.__class__ = original
+            vars(obj).pop("_midepoch", None)
+        self._originals.clear()
+
+    def adopt_fetcher(self, fetcher: _DataFetcher) -> None:
+        """Take over the train data fetcher the fit loop just created."""
+        self._originals.append((fetcher, _mix_in(fetcher, _ResumableDataFetcher)))
+        fetcher._midepoch = self  # type: ignore[attr-defined]
+        self.fetcher = fetcher
+
+    def attach(self, combined_loader: CombinedLoader) -> None:
+        """Wrap the index sampler of every map-style train loader in a recorder (called before any iterator)."""
+        self._restore_samplers()
+        self.combined_loader = combined_loader
+        self.loaders = list(combined_loader.flattened)
+        self.recorders = [self._install_recorder(loader) for loader in self.loaders]
+
+    def _install_recorder(self, loader: Any) -> _IndexSamplerRecorder | None:
+        if S.loader_kind(loader) != S.KIND_MAP:
+            return None
+        attribute = "batch_sampler" if loader.batch_sampler is not None else "sampler"
+        inner = getattr(loader, attribute)
+        if isinstance(inner, _IndexSamplerRecorder):
+            return inner
+        rng_objects = _rng.find_rng_objects({"loader": loader, "index_sampler": inner})
+        recorder = _IndexSamplerRecorder(inner, rng_objects, lambda: self.trainer.current_epoch)
+        # DataLoader forbids reassigning its samplers after __init__; the recorder forwards everything to the original
+        object.__setattr__(loader, attribute, recorder)
+        return recorder
+
+    def _restore_samplers(self) -> None:
+        for loader, recorder in zip(self.loaders, self.recorders):
+            if recorder is not None:
+                attribute = "batch_sampler" if loader.batch_sampler is recorder else "sampler"
+                object.__setattr__(loader, attribute, recorder.inner)
+        self.loaders, self.recorders = [], []
+
+    def start_epoch(self) -> None:
+        """The train iterator is being created: every recorder's next pass is the epoch's first."""
+        for recorder in self.recorders:
+            if recorder is not None:
+                recorder.start_epoch()
+
+    # ------------------------------------------------------------------ saving
+    def state_dict(self) -> dict[str, Any]:
+        """The callback's checkpoint state (see :mod:`lightning_midepoch._state` for the layout)."""
+        trainer = self.trainer
+        loaders = self.loaders
+        passes: list[dict[str, Any] | None] = [
+            recorder.record.state_dict() if recorder is not None and recorder.record is not None else None
+            for recorder in self.recorders
+        ]
+        rank_state = {
+            S.KEY_RNG: _rng.capture_global(include_cuda=True),
+            S.KEY_PASSES: passes,
+            S.KEY_GENERATORS: [
+                _rng.capture_objects(recorder.rng_objects) if recorder is not None else None
+                for recorder in self.recorders
+            ],
+            S.KEY_DATASET_STATES: [self._dataset_state(loader) for loader in loaders],
+            S.KEY_GRADS: self._partial_grads(),
+        }
+        fetcher = self.fetcher
+        fetched = 0
+        if fetcher is not None and fetcher.iterator is not None:
+            fetched = fetcher.fetched - len(getattr(fetcher, "batches", ()))
+        return {
+            S.KEY_VERSION: S.STATE_VERSION,
+            S.KEY_PACKAGE_VERSION: __version__,
+            S.KEY_LIGHTNING_VERSION: _compat.lightning_version(trainer),
+            S.KEY_TORCH_VERSION: str(torch.__version__),
+            S.KEY_EPOCH: trainer.current_epoch,
+            S.KEY_FETCHED: fetched,
+            S.KEY_WORLD_SIZE: trainer.world_size,
+            S.KEY_MODE: _compat.combined_mode(self.combined_loader) if self.combined_loader is not None else "",
+            S.KEY_LOADERS: [S.loader_facts(loader) for loader in loaders],
+            S.KEY_RANKS: self._gather(rank_state),
+        }
+
+    def _dataset_state(self, loader: Any) -> Any:
+        dataset = getattr(loader, "dataset", None)
+        if S.loader_kind(loader) == S.KIND_ITERABLE and S.is_stateful(dataset) and loader.num_workers == 0:
+            return dataset.state_dict()  # type: ignore[union-attr]
+        return None
+
+    def _partial_grads(self) -> dict[str, torch.Tensor] | None:
+        """Gradients accumulated so far in an unfinished accumulation group (not in Lightning's checkpoint)."""
+        module = self.trainer.lightning_module
+        if not module.automatic_optimization or not self.trainer.fit_loop.epoch_loop._should_accumulate():
+            return None
+        grads = {name: p.grad.detach().cpu().clone() for name, p in module.named_parameters() if p.grad is not None}
+        return grads or None
+
+    def _gather(self, rank_state: dict[str, Any]) -> list[dict[str, Any]]:
+        world_size = self.trainer.world_size
+        if world_size == 1 or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return [rank_state]
+        gathered: list[Any] = [None] * world_size
+        torch.distributed.all_gather_object(gathered, rank_state)
+        return gathered
+
+    # ------------------------------------------------------------------ resuming
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.loaded = S.migrate(state)
+        self._live_pending = True
+
+    def _rank_state(self) -> Mapping[str, Any] | None:
+        if self.loaded is None:
+            return None
+        ranks = self.loaded[S.KEY_RANKS]
+        rank = self.trainer.global_rank
+        return ranks[rank] if rank < len(ranks) else None
+
+    def restore_live_state(self) -> None:
+        """Restore the random states and partial gradients saved with the checkpoint (once, on the first epoch)."""
+        if not self._live_pending:
+            return
+        self._live_pending = False
+        rank_state = self._rank_state()
+        if rank_state is None:
+            return
+        _rng.restore_global(rank_state[S.KEY_RNG])
+        self._restore_loader_generators(rank_state)
+        grads = rank_state.get(S.KEY_GRADS)
+        if grads:
+            for name, parameter in self.trainer.lightning_module.named_parameters():
+                if name in grads:
+                    parameter.grad = grads[name].to(device=parameter.device, dtype=parameter.dtype)
+
+    def _restore_loader_generators(self, rank_state: Mapping[str, Any] | None) -> None:
+        """Set the generators owned by the loaders and their samplers to their states at the checkpoint."""
+        states = rank_state.get(S.KEY_GENERATORS, []) if rank_state is not None else []
+        for recorder, objects in zip(self.recorders, states):
+            if recorder is not None and objects:
+                _rng.restore_objects(recorder.rng_objects, objects)
+
+    def start_resumed_epoch(self, epoch_loop: _TrainingEpochLoop, fetcher: _DataFetcher) -> None:
+        """Start the first train iterator after a resume: where the interrupted epoch continues, or a new epoch."""
+        self.iterator_held = False
+        trainer = self.trainer
+        fit_loop = trainer.fit_loop
+        consumed = epoch_loop.batch_progress.current.ready
+        epoch = trainer.current_epoch
+        rank_state = self._rank_state()
+        records: list[Any] = list(rank_state[S.KEY_PASSES]) if rank_state is not None else []
+        records += [None] * (len(self.loaders) - len(records))
+        new_epoch = not (fit_loop.restarted_mid_epoch or fit_loop.restarted_on_epoch_end)
+        recorded_here = any(record is not None and record["epoch"] == epoch for record in records)
+        if self.loaded is None:
+            self._warn_stock_checkpoint()
+        if new_epoch and consumed == 0 and not recorded_here:
+            # a new epoch: its order is drawn now from the live states, exactly as in the uninterrupted run
+            self._build(fetcher, {i: _Replay(None, 0, 0, live=True) for i in self._rewound_loaders(epoch)})
+            return
+        if self.loaded is not None and not self._matches_checkpoint():
+            iter(fetcher)  # on_mismatch="restart_epoch": continue as stock Lightning does
+            return
+        self._restore_dataset_states(rank_state)
+        mode = _compat.combined_mode(self.combined_loader)  # type: ignore[arg-type]
+        replays = {}
+        for index, recorder in enumerate(self.recorders):
+            if recorder is None:
+                continue
+            pass_index, skip = _position(mode, consumed, len(recorder))
+            record = records[index]
+            replay_record = None
+            if record is not None and record["epoch"] == epoch and record["index"] == pass_index:
+                replay_record = _PassRecord.from_state_dict(record)
+            elif not S.describe_order(recorder.inner)[1]:
+                self._warn_unrecoverable(index)
+            replays[index] = _Replay(replay_record, skip, pass_index)
+        with _rng.isolated_global():
+            self._build(fetcher, replays)
+        # replaying moved the loaders' own generators back to where the pass started; a pass that draws (again) at
+        # its first next() sets them itself, but one that is never advanced again must still end where it was
+        self._restore_loader_generators(rank_state)
+        _compat.set_batch_index(self.combined_loader, consumed)  # type: ignore[arg-type]
+
+    def _rewound_loaders(self, epoch: int) -> list[int]:
+        """Loaders whose first iterator here is a new one where the uninterrupted run reused its persistent workers.
+
+        A new iterator draws a worker base seed from the process-wide generator; resetting persistent workers does
+        not. Those loaders keep the live states still across that draw.
+        """
+        n = self.trainer.reload_dataloaders_every_n_epochs
+        created_at = epoch - epoch % n if n else 0  # when the uninterrupted run last created the loader
+        return [
+            index
+            for index, (loader, recorder) in enumerate(zip(self.loaders, self.recorders))
+            if recorder is not None
+            and loader.num_workers > 0
+            and loader.persistent_workers
+            and getattr(loader, "_iterator", None) is None
+            and epoch > created_at
+        ]
+
+    def _build(self, fetcher: _DataFetcher, replays: Mapping[int, _Replay]) -> None:
+        """Create the train iterator with the given loaders armed to replay."""
+        for index, replay in replays.items():
+            self.recorders[index].arm(replay)  # type: ignore[union-attr]
+        try:
+            iter(fetcher)
+        finally:
+            for index in replays:
+                self.recorders[index].disarm()  # type: ignore[union-attr]
+
+    def _matches_checkpoint(self) -> bool:
+        assert self.loaded is not None
+        fix = 'pass `MidEpochResume(on_mismatch="restart_epoch")` to continue the epoch from a fresh order'
+        current = [S.loader_facts(loader) for loader in self.loaders]
+        try:
+            S.check_world_size(self.loaded[S.KEY_WORLD_SIZE], self.trainer.world_size, fix)
+            S.check_loaders(self.loaded[S.KEY_LOADERS], current, fix)
+        except S.MidEpochResumeError as error:
+            if self.on_mismatch == "raise":
+                raise
+            _compat.warn(
+                f"{error} Continuing the interrupted epoch from a freshly started order (on_mismatch='restart_epoch'):"
+                " some samples of this epoch will be seen twice and others not at all.",
+                self.trainer,
+                self._warned,
+            )
+            return False
+        return True
+
+    def _restore_dataset_states(self, rank_state: Mapping[str, Any] | None) -> None:
+        states = rank_state.get(S.KEY_DATASET_STATES, []) if rank_state is not None else []
+        for loader, state in zip(self.loaders, states):
+            if state is not None:
+                loader.dataset.load_state_dict(state)
+
+    def _warn_stock_checkpoint(self) -> None:
+        _compat.warn(
+            "The checkpoint has no MidEpochResume state (it was written without the callback). Where the data order"
+            " is fixed or determined by a seed and the epoch (SequentialSampler, DistributedSampler) the epoch"
+            " continues exactly; random orders and the random states of dropout and augmentation cannot be"
+            " recovered and are drawn afresh. Checkpoints written with MidEpochResume attached resume exactly.",
+            self.trainer,
+            self._warned,
+        )
+
+    def _warn_unrecoverable(self, index: int) -> None:
+        _compat.warn(
+            f"The order of train dataloader {index} in the interrupted epoch cannot be recovered from the checkpoint"
+            " (it recorded no random state for it). The epoch continues with its remaining number of batches drawn"
+            " from a fresh order: some samples of this epoch will be seen twice and others not at all.",
+            self.trainer,
+            self._warned,
+        )

@@ -1,0 +1,410 @@
+"""Run a small Lightning training three ways and compare: uninterrupted, interrupted by a crash, resumed.
+
+The oracle is always the uninterrupted run with the same seed. A :class:`Config` describes the data pipeline and
+trainer; a :class:`CrashPoint` says where the interrupted run writes a checkpoint and dies. The resumed run starts in
+a process whose random states were scrambled on purpose, as a fresh process's would be.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import CombinedLoader
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, Sampler
+
+from lightning_midepoch import MidEpochResume
+
+LOADERS = (
+    "shuffle",  # DataLoader(shuffle=True): RandomSampler drawing from the global torch RNG
+    "sequential",  # shuffle=False
+    "sampler_generator",  # RandomSampler(generator=...)
+    "loader_generator",  # DataLoader(shuffle=True, generator=...)
+    "distributed",  # an explicit DistributedSampler using set_epoch
+    "batch_sampler_numpy",  # a user's batch sampler drawing from numpy when iter() is called
+    "batch_sampler_python",  # ... from python's random at the first next()
+    "batch_sampler_torch",  # ... from the global torch RNG at the first next()
+    "subclass",  # a DataLoader subclass with its own __init__ argument
+)
+
+
+class IndexedDataset(Dataset):
+    """Sample ``i`` is ``(i + offset, x_i, y_i)`` with data fixed by ``i``, so batches name the samples they hold."""
+
+    def __init__(self, size: int, offset: int = 0) -> None:
+        self.size = size
+        self.offset = offset
+        self.loaded: list[int] = []
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+        self.loaded.append(index)
+        generator = torch.Generator().manual_seed(index + self.offset)
+        return index + self.offset, torch.randn(4, generator=generator), torch.randn(1, generator=generator)
+
+
+class CountingIterable(IterableDataset):
+    """An iterable-style dataset with a position it can save and restore."""
+
+    def __init__(self, size: int, stateful: bool) -> None:
+        self.size = size
+        self.position = 0
+        if stateful:
+            self.state_dict = lambda: {"position": self.position}
+            self.load_state_dict = lambda state: setattr(self, "position", state["position"])
+
+    def __iter__(self) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        while self.position < self.size:
+            index = self.position
+            self.position += 1
+            generator = torch.Generator().manual_seed(index)
+            yield index, torch.randn(4, generator=generator), torch.randn(1, generator=generator)
+        self.position = 0
+
+
+class ShuffledBatches(Sampler[list[int]]):
+    """A user's own batch sampler whose order comes from a global RNG drawn when it starts iterating."""
+
+    def __init__(self, size: int, batch_size: int, source: str) -> None:
+        self.size, self.batch_size, self.source = size, batch_size, source
+
+    def __len__(self) -> int:
+        return math.ceil(self.size / self.batch_size)
+
+    def _batches(self, order: list[int]) -> list[list[int]]:
+        return [order[i : i + self.batch_size] for i in range(0, self.size, self.batch_size)]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self.source == "numpy":  # eager: draws when iter() is called
+            return iter(self._batches([int(i) for i in np.random.permutation(self.size)]))
+        return self._lazy()
+
+    def _lazy(self) -> Iterator[list[int]]:  # a generator: draws at the first next()
+        if self.source == "python":
+            order = list(range(self.size))
+            random.shuffle(order)
+        else:
+            order = torch.randperm(self.size).tolist()
+        yield from self._batches(order)
+
+
+class LoaderWithArgs(DataLoader):
+    """A DataLoader subclass with an ``__init__`` argument of its own."""
+
+    def __init__(self, dataset: Dataset, tag: str, **kwargs: Any) -> None:
+        self.tag = tag
+        super().__init__(dataset, **kwargs)
+
+
+@dataclass(frozen=True)
+class Config:
+    loader: str = "shuffle"
+    num_workers: int = 0
+    persistent_workers: bool = False
+    dataset_size: int = 20
+    batch_size: int = 2
+    drop_last: bool = False
+    max_epochs: int = 3
+    max_steps: int = -1
+    accumulate_grad_batches: int = 1
+    limit_train_batches: float | int | None = None
+    validation: bool = False
+    val_check_interval: float | int | None = None
+    check_val_every_n_epoch: int | None = 1
+    reload_every_n: int = 0
+    manual: bool = False
+    combined: str | None = None  # a CombinedLoader of a long and a short loader, in this mode
+    iterable: str | None = None  # "stateful" / "plain": train on an IterableDataset instead
+    hook_draws: bool = True  # the model's hooks draw from torch, numpy and python RNGs
+
+    def loaders(self, model: Model) -> Any:
+        if self.iterable is not None:
+            return DataLoader(CountingIterable(self.dataset_size, self.iterable == "stateful"), batch_size=2)
+        if self.combined is not None:
+            short = replace(self, dataset_size=6, combined=None)
+            return CombinedLoader({"long": self.make_loader(model), "short": short.make_loader(model)}, self.combined)
+        return self.make_loader(model)
+
+    def make_loader(self, model: Model) -> DataLoader:
+        dataset = IndexedDataset(self.dataset_size, offset=0 if self.dataset_size != 6 else 1000)
+        model.datasets.append(dataset)
+        common: dict[str, Any] = {"num_workers": self.num_workers, "persistent_workers": self.persistent_workers}
+        batching = {"batch_size": self.batch_size, "drop_last": self.drop_last}
+        if self.loader == "shuffle":
+            return DataLoader(dataset, shuffle=True, **batching, **common)
+        if self.loader == "sequential":
+            return DataLoader(dataset, shuffle=False, **batching, **common)
+        if self.loader == "sampler_generator":
+            sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(7))
+            return DataLoader(dataset, sampler=sampler, **batching, **common)
+        if self.loader == "loader_generator":
+            generator = torch.Generator().manual_seed(11)
+            return DataLoader(dataset, shuffle=True, generator=generator, **batching, **common)
+        if self.loader == "distributed":
+            sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=5)
+            return DataLoader(dataset, sampler=sampler, **batching, **common)
+        if self.loader.startswith("batch_sampler_"):
+            batch_sampler = ShuffledBatches(len(dataset), self.batch_size, self.loader.rsplit("_", 1)[1])
+            return DataLoader(dataset, batch_sampler=batch_sampler, **common)
+        if self.loader == "subclass":
+            return LoaderWithArgs(dataset, tag="mine", shuffle=True, **batching, **common)
+        raise ValueError(self.loader)
+
+    def trainer_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "max_epochs": self.max_epochs,
+            "max_steps": self.max_steps,
+            "accumulate_grad_batches": self.accumulate_grad_batches,
+            "reload_dataloaders_every_n_epochs": self.reload_every_n,
+            "check_val_every_n_epoch": self.check_val_every_n_epoch,
+        }
+        if self.limit_train_batches is not None:
+            kwargs["limit_train_batches"] = self.limit_train_batches
+        if self.val_check_interval is not None:
+            kwargs["val_check_interval"] = self.val_check_interval
+        if not self.validation:
+            kwargs["limit_val_batches"] = 0
+        return kwargs
+
+    @property
+    def batches_per_epoch(self) -> int:
+        size = self.dataset_size
+        full = size // self.batch_size if self.drop_last else math.ceil(size / self.batch_size)
+        if isinstance(self.limit_train_batches, int):
+            return min(full, self.limit_train_batches)
+        if isinstance(self.limit_train_batches, float):
+            return int(full * self.limit_train_batches)
+        return full
+
+
+class Model(L.LightningModule):
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        self.config = config
+        self.net = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.3), nn.Linear(16, 1))
+        self.seen: list[tuple[int, int, tuple[int, ...]]] = []
+        self.validated: list[tuple[int, int]] = []
+        self.datasets: list[IndexedDataset] = []
+        self.automatic_optimization = not config.manual
+
+    def train_dataloader(self) -> Any:
+        return self.config.loaders(self)
+
+    def val_dataloader(self) -> Any:
+        return DataLoader(IndexedDataset(4, offset=500), batch_size=2, shuffle=True) if self.config.validation else []
+
+    def on_train_epoch_start(self) -> None:
+        if self.config.hook_draws:
+            torch.rand(1), np.random.rand(), random.random()
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self.config.hook_draws:
+            torch.rand(2)
+
+    def _loss(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        parts = batch.values() if isinstance(batch, dict) else [batch]
+        ids: tuple[int, ...] = ()
+        loss = torch.zeros(())
+        for ids_part, x, y in parts:
+            ids += tuple(ids_part.tolist())
+            loss = loss + nn.functional.mse_loss(self.net(x), y)
+        self.seen.append((self.current_epoch, batch_idx, ids))
+        noise = 1.0 + 1e-3 * (np.random.rand() + random.random()) if self.config.hook_draws else 1.0
+        return loss * noise
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        loss = self._loss(batch, batch_idx)
+        if not self.config.manual:
+            return loss
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        optimizer.step()
+        return None
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.validated.append((self.current_epoch, batch_idx))
+        _, x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self.net(x), y) + 1e-3 * torch.rand(()))
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.9)]
+
+
+class Crash(Exception):
+    """The simulated failure of the interrupted run."""
+
+
+@dataclass(frozen=True)
+class CrashPoint:
+    """Where the interrupted run writes a checkpoint and dies.
+
+    ``hook`` is one of ``train_batch_end`` (a ``trainer.save_checkpoint`` in ``on_train_batch_end`` of batch
+    ``batch``), ``train_epoch_end``, ``validation_end`` (the validation after batch ``batch``, or at the epoch's end
+    when ``batch`` is None) and ``model_checkpoint`` (``ModelCheckpoint(every_n_train_steps=every)`` wrote
+    ``last.ckpt`` after global step ``step``; the process dies before the next batch).
+    """
+
+    hook: str
+    epoch: int = 0
+    batch: int | None = None
+    step: int = 0
+    every: int = 1
+
+
+class CrashCallback(L.Callback):
+    def __init__(self, point: CrashPoint, path: Path) -> None:
+        self.point = point
+        self.path = path
+
+    def _save_and_crash(self, trainer: L.Trainer) -> None:
+        trainer.save_checkpoint(self.path)
+        raise Crash(self.point)
+
+    def _here(self, trainer: L.Trainer, batch_idx: int | None) -> bool:
+        return trainer.current_epoch == self.point.epoch and batch_idx == self.point.batch
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self.point.hook == "model_checkpoint" and trainer.global_step == self.point.step and self.path.exists():
+            raise Crash(self.point)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.point.hook == "train_batch_end" and self._here(trainer, batch_idx):
+            self._save_and_crash(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        if self.point.hook == "train_epoch_end" and self._here(trainer, None):
+            self._save_and_crash(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        if self.point.hook != "validation_end" or trainer.sanity_checking:
+            return
+        batch = trainer.fit_loop.epoch_loop.batch_idx
+        at_epoch_end = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        if trainer.current_epoch == self.point.epoch and (batch == self.point.batch or (self.point.batch is None and at_epoch_end)):
+            self._save_and_crash(trainer)
+
+
+@dataclass
+class RunResult:
+    model: Model
+    trainer: L.Trainer
+    crashed: bool
+    rng: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def seen(self) -> list[tuple[int, int, tuple[int, ...]]]:
+        return self.model.seen
+
+
+def run(
+    config: Config,
+    tmp_path: Path,
+    *,
+    callback: bool = True,
+    crash: CrashPoint | None = None,
+    ckpt_path: str | Path | None = None,
+    seed: int = 1,
+    extra_callbacks: list[L.Callback] | None = None,
+    weights_only: bool | None = None,
+) -> RunResult:
+    """Train once. A resumed run passes ``ckpt_path`` and a different ``seed`` (a fresh process's states)."""
+    L.seed_everything(seed, verbose=False)
+    model = Model(config)
+    if ckpt_path is not None:  # the weights come from the checkpoint; the process-wide states must not matter
+        L.seed_everything(seed + 1000, verbose=False)
+    callbacks: list[L.Callback] = [MidEpochResume()] if callback else []
+    checkpoint_dir = tmp_path / "checkpoints"
+    if crash is not None:
+        path = checkpoint_dir / ("last.ckpt" if crash.hook == "model_checkpoint" else "crash.ckpt")
+        callbacks.append(CrashCallback(crash, path))
+        if crash.hook == "model_checkpoint":
+            callbacks.append(ModelCheckpoint(dirpath=checkpoint_dir, every_n_train_steps=crash.every, save_last=True, save_top_k=0))
+    callbacks += extra_callbacks or []
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        deterministic=True,
+        callbacks=callbacks,
+        default_root_dir=tmp_path,
+        **config.trainer_kwargs(),
+    )
+    crashed = False
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+        warnings.filterwarnings("ignore", message=".*The number of training batches.*")
+        try:
+            trainer.fit(model, ckpt_path=ckpt_path, weights_only=weights_only)
+        except Crash:
+            crashed = True
+    rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state()[1].copy(), "python": random.getstate()}
+    return RunResult(model, trainer, crashed, rng)
+
+
+def checkpoint_path(tmp_path: Path, crash: CrashPoint) -> Path:
+    return tmp_path / "checkpoints" / ("last.ckpt" if crash.hook == "model_checkpoint" else "crash.ckpt")
+
+
+@dataclass
+class Comparison:
+    full: RunResult
+    interrupted: RunResult
+    resumed: RunResult
+
+
+def interrupt_and_resume(config: Config, crash: CrashPoint, tmp_path: Path, *, callback: bool = True) -> Comparison:
+    """The uninterrupted run, the run that crashes at ``crash``, and the run resumed from its checkpoint."""
+    full = run(config, tmp_path / "full", callback=callback)
+    interrupted = run(config, tmp_path / "interrupted", callback=callback, crash=crash)
+    assert interrupted.crashed, f"the run never reached {crash}"
+    ckpt = checkpoint_path(tmp_path / "interrupted", crash)
+    resumed = run(config, tmp_path / "resumed", callback=callback, ckpt_path=ckpt, seed=2)
+    return Comparison(full, interrupted, resumed)
+
+
+def _equal(first: Any, second: Any) -> bool:
+    if isinstance(first, torch.Tensor):
+        return isinstance(second, torch.Tensor) and first.shape == second.shape and torch.equal(first, second)
+    if isinstance(first, dict):
+        return isinstance(second, dict) and first.keys() == second.keys() and all(_equal(first[k], second[k]) for k in first)
+    if isinstance(first, (list, tuple)):
+        return isinstance(second, (list, tuple)) and len(first) == len(second) and all(map(_equal, first, second))
+    if isinstance(first, np.ndarray):
+        return bool(np.array_equal(first, second))
+    return bool(first == second)
+
+
+def assert_exact(comparison: Comparison) -> None:
+    """The three points of "exact": batches, final state, and the continuation into later epochs."""
+    full, interrupted, resumed = comparison.full, comparison.interrupted, comparison.resumed
+    done = len(interrupted.seen)
+    assert interrupted.seen == full.seen[:done]
+    # exactly the remaining batches, in order, with the same batch_idx and current_epoch (later epochs included)
+    assert resumed.seen == full.seen[done:]
+    for (name, expected), actual in zip(full.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(expected, actual), f"parameter {name} differs"
+    assert _equal(full.trainer.optimizers[0].state_dict(), resumed.trainer.optimizers[0].state_dict())
+    for expected, actual in zip(full.trainer.lr_scheduler_configs, resumed.trainer.lr_scheduler_configs):
+        assert _equal(expected.scheduler.state_dict(), actual.scheduler.state_dict())
+    assert full.trainer.global_step == resumed.trainer.global_step
+    assert interrupted.model.validated + resumed.model.validated == full.model.validated
+    # the process-wide random streams continue identically to the end
+    assert _equal(full.rng, resumed.rng)

@@ -180,6 +180,10 @@ class Config:
 
     @property
     def batches_per_epoch(self) -> int:
+        if self.combined is not None:
+            long = replace(self, combined=None).batches_per_epoch
+            short = replace(self, combined=None, dataset_size=6).batches_per_epoch
+            return min(long, short) if self.combined == "min_size" else max(long, short)
         size = self.dataset_size
         full = size // self.batch_size if self.drop_last else math.ceil(size / self.batch_size)
         if isinstance(self.limit_train_batches, int):
@@ -217,7 +221,10 @@ class Model(L.LightningModule):
         parts = batch.values() if isinstance(batch, dict) else [batch]
         ids: tuple[int, ...] = ()
         loss = torch.zeros(())
-        for ids_part, x, y in parts:
+        for part in parts:
+            if part is None:  # an exhausted loader in max_size mode
+                continue
+            ids_part, x, y = part
             ids += tuple(ids_part.tolist())
             loss = loss + nn.functional.mse_loss(self.net(x), y)
         self.seen.append((self.current_epoch, batch_idx, ids))
@@ -248,6 +255,19 @@ class Crash(Exception):
     """The simulated failure of the interrupted run."""
 
 
+class CrashingModelCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint(every_n_train_steps=...)`` whose process dies right after it wrote ``last.ckpt`` at a step."""
+
+    def __init__(self, crash_step: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.crash_step = crash_step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        super().on_train_batch_end(trainer, *args)
+        if trainer.global_step == self.crash_step:
+            raise Crash(self.crash_step)
+
+
 @dataclass(frozen=True)
 class CrashPoint:
     """Where the interrupted run writes a checkpoint and dies.
@@ -255,7 +275,7 @@ class CrashPoint:
     ``hook`` is one of ``train_batch_end`` (a ``trainer.save_checkpoint`` in ``on_train_batch_end`` of batch
     ``batch``), ``train_epoch_end``, ``validation_end`` (the validation after batch ``batch``, or at the epoch's end
     when ``batch`` is None) and ``model_checkpoint`` (``ModelCheckpoint(every_n_train_steps=every)`` wrote
-    ``last.ckpt`` after global step ``step``; the process dies before the next batch).
+    ``last.ckpt`` after global step ``step``; the process dies right after writing it).
     """
 
     hook: str
@@ -276,10 +296,6 @@ class CrashCallback(L.Callback):
 
     def _here(self, trainer: L.Trainer, batch_idx: int | None) -> bool:
         return trainer.current_epoch == self.point.epoch and batch_idx == self.point.batch
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if self.point.hook == "model_checkpoint" and trainer.global_step == self.point.step and self.path.exists():
-            raise Crash(self.point)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.point.hook == "train_batch_end" and self._here(trainer, batch_idx):
@@ -332,7 +348,11 @@ def run(
         path = checkpoint_dir / ("last.ckpt" if crash.hook == "model_checkpoint" else "crash.ckpt")
         callbacks.append(CrashCallback(crash, path))
         if crash.hook == "model_checkpoint":
-            callbacks.append(ModelCheckpoint(dirpath=checkpoint_dir, every_n_train_steps=crash.every, save_last=True, save_top_k=0))
+            callbacks.append(
+                CrashingModelCheckpoint(
+                    crash.step, dirpath=checkpoint_dir, every_n_train_steps=crash.every, save_last=True, save_top_k=0
+                )
+            )
     callbacks += extra_callbacks or []
     trainer = L.Trainer(
         accelerator="cpu",
@@ -340,7 +360,7 @@ def run(
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        enable_checkpointing=False,
+        enable_checkpointing=any(isinstance(callback, ModelCheckpoint) for callback in callbacks),
         num_sanity_val_steps=0,
         deterministic=True,
         callbacks=callbacks,
@@ -377,6 +397,24 @@ def interrupt_and_resume(config: Config, crash: CrashPoint, tmp_path: Path, *, c
     assert interrupted.crashed, f"the run never reached {crash}"
     ckpt = checkpoint_path(tmp_path / "interrupted", crash)
     resumed = run(config, tmp_path / "resumed", callback=callback, ckpt_path=ckpt, seed=2)
+    return Comparison(full, interrupted, resumed)
+
+
+def resume_repeatedly(config: Config, crashes: list[CrashPoint], tmp_path: Path) -> Comparison:
+    """Crash at each point in turn, each time resuming from the previous crash's checkpoint; then finish."""
+    full = run(config, tmp_path / "full")
+    runs: list[RunResult] = []
+    ckpt: Path | None = None
+    for index, crash in enumerate(crashes):
+        directory = tmp_path / f"attempt{index}"
+        runs.append(run(config, directory, crash=crash, ckpt_path=ckpt, seed=1 if ckpt is None else 10 + index))
+        assert runs[-1].crashed, f"attempt {index} never reached {crash}"
+        ckpt = checkpoint_path(directory, crash)
+    resumed = run(config, tmp_path / "final", ckpt_path=ckpt, seed=99)
+    interrupted = runs[0]
+    for later in runs[1:]:  # fold the intermediate attempts into "what ran before the last checkpoint"
+        interrupted.model.seen.extend(later.model.seen)
+        interrupted.model.validated.extend(later.model.validated)
     return Comparison(full, interrupted, resumed)
 
 

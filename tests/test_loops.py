@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
-from harness import Config, CrashPoint, assert_exact, interrupt_and_resume
+from harness import LOADERS, Config, CrashPoint, assert_exact, interrupt_and_resume, resume_repeatedly
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 MID = CrashPoint("train_batch_end", epoch=1, batch=3)
 EARLY = CrashPoint("train_batch_end", epoch=0, batch=0)
@@ -17,3 +21,163 @@ CRASH_POINTS = [MID, EARLY, LAST_BATCH, EPOCH_END]
                                     "batch_sampler_numpy", "batch_sampler_python", "batch_sampler_torch", "subclass"])
 def test_samplers(loader, crash, tmp_path):
     assert_exact(interrupt_and_resume(Config(loader=loader), crash, tmp_path))
+
+
+@pytest.mark.parametrize("crash", CRASH_POINTS, ids=["mid", "first-batch", "last-batch", "epoch-end"])
+@pytest.mark.parametrize(
+    ("num_workers", "persistent"), [(2, False), (2, True)], ids=["workers", "persistent-workers"]
+)
+@pytest.mark.parametrize("loader", ["shuffle", "loader_generator", "distributed", "batch_sampler_numpy"])
+def test_workers(loader, num_workers, persistent, crash, tmp_path):
+    config = Config(loader=loader, num_workers=num_workers, persistent_workers=persistent)
+    assert_exact(interrupt_and_resume(config, crash, tmp_path))
+
+
+VALIDATION = [
+    # ModelCheckpoint(monitor=...) saves at the end of a validation: here, a mid-epoch one
+    (Config(validation=True, val_check_interval=0.5), CrashPoint("validation_end", epoch=1, batch=4)),
+    # ... and the one at the end of the epoch
+    (Config(validation=True), CrashPoint("validation_end", epoch=1, batch=None)),
+    # saved after a batch whose validation is due but has not run yet
+    (Config(validation=True, val_check_interval=4, check_val_every_n_epoch=None), CrashPoint("train_batch_end", 1, 1)),
+    (Config(validation=True, val_check_interval=0.5), CrashPoint("train_batch_end", epoch=0, batch=4)),
+    # ... at the epoch's last batch, where stock Lightning would also skip the epoch's end
+    (Config(validation=True), CrashPoint("train_batch_end", epoch=1, batch=9)),
+    (Config(validation=True), CrashPoint("train_epoch_end", epoch=1)),
+    # ModelCheckpoint(every_n_train_steps=N) with val_check_interval=N: the checkpoint precedes the validation
+    (
+        Config(validation=True, val_check_interval=3, check_val_every_n_epoch=None),
+        CrashPoint("model_checkpoint", step=12, every=3),
+    ),
+]
+
+
+@pytest.mark.parametrize(("config", "crash"), VALIDATION)
+def test_validation(config, crash, tmp_path):
+    assert_exact(interrupt_and_resume(config, crash, tmp_path))
+
+
+@pytest.mark.parametrize(
+    "crash",
+    [
+        CrashPoint("train_batch_end", epoch=1, batch=4),  # inside an accumulation group (batches 3, 4, 5)
+        CrashPoint("train_batch_end", epoch=1, batch=5),  # at its end
+        CrashPoint("train_batch_end", epoch=0, batch=9),  # the epoch's last batch, in a short final group
+        CrashPoint("model_checkpoint", step=4, every=2),
+    ],
+)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_gradient_accumulation(crash, num_workers, tmp_path):
+    config = Config(accumulate_grad_batches=3, num_workers=num_workers)
+    assert_exact(interrupt_and_resume(config, crash, tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("config", "crash"),
+    [
+        (Config(limit_train_batches=7), CrashPoint("train_batch_end", epoch=1, batch=4)),
+        (Config(limit_train_batches=7), CrashPoint("train_batch_end", epoch=1, batch=6)),
+        (Config(limit_train_batches=0.5), CrashPoint("train_batch_end", epoch=1, batch=2)),
+        (Config(max_epochs=-1, max_steps=25), CrashPoint("train_batch_end", epoch=1, batch=3)),
+        (Config(max_epochs=-1, max_steps=25), CrashPoint("train_epoch_end", epoch=1)),
+        (Config(max_epochs=-1, max_steps=25), CrashPoint("train_batch_end", epoch=0, batch=9)),
+        (Config(reload_every_n=1), CrashPoint("train_batch_end", epoch=1, batch=3)),
+        (Config(reload_every_n=2, max_epochs=4), CrashPoint("train_epoch_end", epoch=1)),
+        (Config(reload_every_n=2, max_epochs=4), CrashPoint("train_batch_end", epoch=2, batch=5)),
+        (Config(reload_every_n=2, max_epochs=4, num_workers=2, persistent_workers=True), CrashPoint("train_epoch_end", 0)),
+        (Config(manual=True), CrashPoint("train_batch_end", epoch=1, batch=3)),
+        (Config(manual=True), CrashPoint("train_epoch_end", epoch=0)),
+        (Config(drop_last=True, dataset_size=21, batch_size=4), CrashPoint("train_batch_end", epoch=1, batch=2)),
+        (Config(dataset_size=21, batch_size=4), CrashPoint("train_batch_end", epoch=1, batch=5)),
+    ],
+    ids=lambda value: repr(value) if isinstance(value, CrashPoint) else None,
+)
+def test_trainer_settings(config, crash, tmp_path):
+    assert_exact(interrupt_and_resume(config, crash, tmp_path))
+
+
+COMBINED = [
+    # the short loader has 3 batches: it cycles after batches 2 and 5, and is exactly exhausted after them
+    *[("max_size_cycle", batch) for batch in (1, 2, 3, 4, 5, 8)],
+    *[("max_size", batch) for batch in (1, 2, 3, 8)],
+    *[("min_size", batch) for batch in (0, 1, 2)],
+]
+
+
+@pytest.mark.parametrize(("mode", "batch"), COMBINED)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_combined_loader(mode, batch, num_workers, tmp_path):
+    config = Config(combined=mode, num_workers=num_workers)
+    assert_exact(interrupt_and_resume(config, CrashPoint("train_batch_end", epoch=1, batch=batch), tmp_path))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize(
+    "crashes",
+    [
+        [CrashPoint("train_batch_end", 1, 2), CrashPoint("train_batch_end", 1, 6)],
+        [CrashPoint("train_batch_end", 1, 2), CrashPoint("train_batch_end", 1, 3), CrashPoint("train_batch_end", 1, 9)],
+        [CrashPoint("train_epoch_end", 0), CrashPoint("train_batch_end", 1, 0), CrashPoint("train_batch_end", 2, 5)],
+    ],
+    ids=["twice", "three-times", "across-epochs"],
+)
+def test_repeated_resumes(crashes, num_workers, tmp_path):
+    assert_exact(resume_repeatedly(Config(num_workers=num_workers), crashes, tmp_path))
+
+
+@pytest.mark.parametrize("combined", [None, "max_size_cycle"])
+def test_repeated_resumes_with_cycling_loader(combined, tmp_path):
+    crashes = [CrashPoint("train_batch_end", 1, 2), CrashPoint("train_batch_end", 1, 4), CrashPoint("train_batch_end", 1, 7)]
+    assert_exact(resume_repeatedly(Config(combined=combined), crashes, tmp_path))
+
+
+@pytest.mark.parametrize("crash", CRASH_POINTS, ids=["mid", "first-batch", "last-batch", "epoch-end"])
+def test_stock_lightning_is_not_exact(crash, tmp_path):
+    """The oracle has teeth: without the callback, the same comparison fails."""
+    comparison = interrupt_and_resume(Config(), crash, tmp_path, callback=False)
+    with pytest.raises(AssertionError):
+        assert_exact(comparison)
+
+
+def test_skipped_samples_are_never_loaded(tmp_path):
+    config = Config(loader="sequential", hook_draws=False)
+    comparison = interrupt_and_resume(config, CrashPoint("train_batch_end", epoch=0, batch=6), tmp_path)
+    assert_exact(comparison)
+    (dataset,) = comparison.resumed.model.datasets
+    first_epoch = dataset.loaded[: 20 - 14]
+    # sequential order: samples 0..13 were consumed before the checkpoint; the resumed run starts loading at 14
+    assert first_epoch == list(range(14, 20))
+
+
+@st.composite
+def _configs(draw: st.DrawFn) -> Config:
+    loader = draw(st.sampled_from(LOADERS))
+    num_workers = draw(st.sampled_from([0, 0, 2]))
+    config = Config(
+        loader=loader,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0 and draw(st.booleans()),
+        dataset_size=draw(st.integers(5, 13)),
+        batch_size=draw(st.integers(1, 4)),
+        drop_last=draw(st.booleans()),
+        accumulate_grad_batches=draw(st.sampled_from([1, 1, 2, 3])),
+        validation=draw(st.booleans()),
+        reload_every_n=draw(st.sampled_from([0, 0, 1, 2])),
+        combined=draw(st.sampled_from([None, None, None, "max_size_cycle", "max_size", "min_size"])),
+    )
+    if config.validation and draw(st.booleans()):
+        config = replace(config, val_check_interval=0.5)
+    return config
+
+
+@settings(max_examples=40)
+@given(config=_configs(), data=st.data())
+def test_resume_anywhere(config, data, tmp_path_factory):
+    """Any configuration above, interrupted after any batch or at any epoch end, resumes exactly."""
+    assume(config.batches_per_epoch > 0)
+    batches = config.batches_per_epoch
+    hook = data.draw(st.sampled_from(["train_batch_end", "train_batch_end", "train_epoch_end"]), label="hook")
+    epoch = data.draw(st.integers(0, config.max_epochs - 1), label="epoch")
+    batch = data.draw(st.integers(0, batches - 1), label="batch") if hook == "train_batch_end" else None
+    tmp_path = tmp_path_factory.mktemp("resume")
+    assert_exact(interrupt_and_resume(config, CrashPoint(hook, epoch, batch), tmp_path))

@@ -80,6 +80,13 @@ class MidEpochResume(_CallbackBase):
         self._session.install()
 
     @override
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # a checkpoint from the very end of training resumes into no epoch at all: the process still continues
+        # from the random states it recorded
+        if self._session is not None:
+            self._session.restore_live_state()
+
+    @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._uninstall()
 

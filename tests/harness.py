@@ -209,6 +209,10 @@ class Model(L.LightningModule):
     def val_dataloader(self) -> Any:
         return DataLoader(IndexedDataset(4, offset=500), batch_size=2, shuffle=True) if self.config.validation else []
 
+    def on_train_start(self) -> None:
+        if self.config.hook_draws:  # runs again in a resumed process, where the uninterrupted run did not run it
+            torch.rand(5), np.random.rand(3), random.random()
+
     def on_train_epoch_start(self) -> None:
         if self.config.hook_draws:
             torch.rand(1), np.random.rand(), random.random()

@@ -9,7 +9,7 @@ iterator whose loaders have not started; the epoch loop starts them in ``on_run_
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
@@ -27,10 +27,29 @@ else:
     _DataFetcherBase = Iterator
 
 
+def _nothing() -> None:
+    pass
+
+
 class _ResumableDataFetcher(_DataFetcherBase):
     """Mixed into the trainer's train data fetcher (any ``_DataFetcher`` subclass) by :class:`_Session`."""
 
     _midepoch: _Session
+
+    # Lightning calls `_start_profiler` right before every fetch from the loaders (prefetches included): the moment
+    # an iterable dataset's own position must be read, so that a checkpoint saves the position of the first batch
+    # the loop has not consumed yet
+    @property  # type: ignore[override]
+    def _start_profiler(self) -> Callable[[], None]:
+        return self._midepoch_before_fetch
+
+    @_start_profiler.setter
+    def _start_profiler(self, start: Callable[[], None]) -> None:
+        self.__dict__["_midepoch_start_profiler"] = start
+
+    def _midepoch_before_fetch(self) -> None:
+        self._midepoch.before_fetch()
+        self.__dict__.get("_midepoch_start_profiler", _nothing)()
 
     @override
     def setup(self, combined_loader: CombinedLoader) -> None:

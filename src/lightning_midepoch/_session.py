@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
+from collections import deque
+
 import torch
 
 from lightning_midepoch import _compat, _rng
@@ -73,6 +75,8 @@ class _Session:
         self.finish_interrupted_batch = False
         self._live_pending = False
         self._warned: set[str] = set()
+        # iterable datasets that save their own position: their states before each of the latest fetches
+        self._dataset_history: dict[int, deque[Any]] = {}
         self._originals: list[tuple[object, type]] = []
 
     # ------------------------------------------------------------------ installing
@@ -105,6 +109,20 @@ class _Session:
         self.combined_loader = combined_loader
         self.loaders = list(combined_loader.flattened)
         self.recorders = [self._install_recorder(loader) for loader in self.loaders]
+        self._dataset_history = {
+            index: deque(maxlen=8) for index, loader in enumerate(self.loaders) if self._saves_dataset_state(loader)
+        }
+
+    @staticmethod
+    def _saves_dataset_state(loader: Any) -> bool:
+        """An iterable dataset in the main process that saves its own position (``state_dict``)."""
+        dataset = getattr(loader, "dataset", None)
+        return S.loader_kind(loader) == S.KIND_ITERABLE and S.is_stateful(dataset) and loader.num_workers == 0
+
+    def before_fetch(self) -> None:
+        """Called right before every fetch from the train loaders."""
+        for index, history in self._dataset_history.items():
+            history.append(self.loaders[index].dataset.state_dict())
 
     def _install_recorder(self, loader: Any) -> _IndexSamplerRecorder | None:
         if S.loader_kind(loader) != S.KIND_MAP:
@@ -148,7 +166,7 @@ class _Session:
                 _rng.capture_objects(recorder.rng_objects) if recorder is not None else None
                 for recorder in self.recorders
             ],
-            S.KEY_DATASET_STATES: [self._dataset_state(loader) for loader in loaders],
+            S.KEY_DATASET_STATES: [self._dataset_state(index) for index in range(len(loaders))],
             S.KEY_GRADS: self._partial_grads(),
         }
         fetcher = self.fetcher
@@ -168,11 +186,15 @@ class _Session:
             S.KEY_RANKS: self._gather(rank_state),
         }
 
-    def _dataset_state(self, loader: Any) -> Any:
-        dataset = getattr(loader, "dataset", None)
-        if S.loader_kind(loader) == S.KIND_ITERABLE and S.is_stateful(dataset) and loader.num_workers == 0:
-            return dataset.state_dict()  # type: ignore[union-attr]
-        return None
+    def _dataset_state(self, index: int) -> Any:
+        """An iterable dataset's own position at the first batch the loop has not consumed."""
+        history = self._dataset_history.get(index)
+        if history is None:
+            return None
+        pending = len(getattr(self.fetcher, "batches", ()))  # fetched ahead, not consumed yet
+        if pending and len(history) >= pending:
+            return history[-pending]
+        return self.loaders[index].dataset.state_dict()
 
     def _partial_grads(self) -> dict[str, torch.Tensor] | None:
         """Gradients accumulated so far in an unfinished accumulation group (not in Lightning's checkpoint)."""
@@ -315,10 +337,24 @@ class _Session:
         return True
 
     def _restore_dataset_states(self, rank_state: Mapping[str, Any] | None) -> None:
-        states = rank_state.get(S.KEY_DATASET_STATES, []) if rank_state is not None else []
-        for loader, state in zip(self.loaders, states):
+        states = list(rank_state.get(S.KEY_DATASET_STATES, [])) if rank_state is not None else []
+        states += [None] * (len(self.loaders) - len(states))
+        for index, (loader, state) in enumerate(zip(self.loaders, states)):
             if state is not None:
                 loader.dataset.load_state_dict(state)
+            elif S.loader_kind(loader) == S.KIND_ITERABLE:
+                self._warn_iterable(index, loader)
+
+    def _warn_iterable(self, index: int, loader: Any) -> None:
+        name = type(getattr(loader, "dataset", loader)).__name__
+        _compat.warn(
+            f"Train dataloader {index} iterates over an IterableDataset ({name}), which has no sampler to skip at:"
+            " the interrupted epoch restarts its iteration from the beginning. To resume it exactly, give"
+            f" {name} `state_dict()`/`load_state_dict()` methods that save and restore its position (read in the"
+            " main process, so with num_workers=0), or use torchdata's StatefulDataLoader.",
+            self.trainer,
+            self._warned,
+        )
 
     def _warn_stock_checkpoint(self) -> None:
         _compat.warn(

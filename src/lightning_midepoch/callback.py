@@ -72,9 +72,6 @@ class MidEpochResume(_CallbackBase):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        others = [cb for cb in trainer.callbacks if isinstance(cb, MidEpochResume) and cb is not self]
-        if others:
-            raise ValueError("Attach a single `MidEpochResume` callback to the Trainer; found more than one.")
         _compat.check_supported(trainer)
         self._session = _Session(trainer, self.on_mismatch)
         self._session.install()

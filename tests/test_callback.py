@@ -1,0 +1,199 @@
+"""The public callback: invisible until needed, clear on bad input, never touching a user's checkpoint."""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from dataclasses import replace
+
+import lightning as L
+import pytest
+import torch
+from harness import (
+    Config,
+    CrashPoint,
+    Model,
+    assert_exact,
+    checkpoint_path,
+    interrupt_and_resume,
+    run,
+)
+from lightning.pytorch.loops.fetchers import _DataFetcher, _PrefetchDataFetcher
+from lightning.pytorch.loops.fit_loop import _FitLoop
+from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+
+from lightning_midepoch import MidEpochResume, MidEpochResumeError
+from lightning_midepoch._compat import STOCK_NOT_RESUMABLE_WARNING
+
+MID = CrashPoint("train_batch_end", epoch=1, batch=3)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        Config(),
+        Config(num_workers=2),
+        Config(num_workers=2, persistent_workers=True, loader="loader_generator"),
+        Config(validation=True, val_check_interval=0.5),
+        Config(combined="max_size_cycle", accumulate_grad_batches=2),
+        Config(loader="batch_sampler_numpy", reload_every_n=1),
+    ],
+)
+def test_invisible_in_an_uninterrupted_run(config, tmp_path):
+    """Attaching the callback changes nothing: same batches, same weights, same random streams."""
+    with_callback = run(config, tmp_path / "with", callback=True)
+    without = run(config, tmp_path / "without", callback=False)
+    assert with_callback.seen == without.seen
+    for expected, actual in zip(without.model.parameters(), with_callback.model.parameters()):
+        assert torch.equal(expected, actual)
+    assert torch.equal(with_callback.rng["torch"], without.rng["torch"])
+    assert (with_callback.rng["numpy"] == without.rng["numpy"]).all()
+    assert with_callback.rng["python"] == without.rng["python"]
+
+
+def _resume_warnings(tmp_path, callback: bool) -> list[str]:
+    interrupted = run(Config(), tmp_path / "interrupted", callback=callback, crash=MID)
+    assert interrupted.crashed
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(Config(), tmp_path / "resumed", callback=callback, ckpt_path=checkpoint_path(tmp_path / "interrupted", MID))
+    return [str(w.message) for w in caught]
+
+
+def test_stock_warning_fires_without_the_callback(tmp_path):
+    assert any(STOCK_NOT_RESUMABLE_WARNING in message for message in _resume_warnings(tmp_path, callback=False))
+
+
+def test_stock_warning_does_not_fire_with_the_callback(tmp_path):
+    messages = _resume_warnings(tmp_path, callback=True)
+    assert not any(STOCK_NOT_RESUMABLE_WARNING in message for message in messages)
+    assert not any("MidEpochResume" in message or "cannot be recovered" in message for message in messages)
+
+
+class _LoopTypes(L.Callback):
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.types = (type(trainer.fit_loop), type(trainer.fit_loop.epoch_loop), type(trainer.fit_loop._data_fetcher))
+
+
+def test_overrides_live_on_this_trainer_only(tmp_path):
+    snapshot = {cls: dict(vars(cls)) for cls in (_FitLoop, _TrainingEpochLoop, _DataFetcher, _PrefetchDataFetcher)}
+    seen_with, seen_without = _LoopTypes(), _LoopTypes()
+    run(Config(), tmp_path / "with", extra_callbacks=[seen_with])
+    result = run(Config(), tmp_path / "without", callback=False, extra_callbacks=[seen_without])
+    # during fit, the trainer with the callback runs the overrides, mixed in front of Lightning's classes
+    assert all(issubclass(ours, stock) and ours is not stock for ours, stock in
+               zip(seen_with.types, (_FitLoop, _TrainingEpochLoop, _PrefetchDataFetcher)))
+    # the one without runs the stock classes, which nothing modified
+    assert seen_without.types == (_FitLoop, _TrainingEpochLoop, _PrefetchDataFetcher)
+    assert {cls: dict(vars(cls)) for cls in snapshot} == snapshot
+    # after fit the loops are stock again and the train loader has its own batch sampler back
+    assert type(result.trainer.fit_loop) is _FitLoop
+    assert type(result.trainer.fit_loop.epoch_loop) is _TrainingEpochLoop
+
+
+def test_teardown_gives_back_the_loaders_and_loops(tmp_path):
+    result = run(Config(), tmp_path)
+    trainer = result.trainer
+    assert type(trainer.fit_loop) is _FitLoop
+    assert type(trainer.fit_loop.epoch_loop) is _TrainingEpochLoop
+    assert not hasattr(trainer.fit_loop, "_midepoch")
+    loader = trainer.train_dataloader
+    assert type(loader.batch_sampler) is torch.utils.data.BatchSampler
+
+
+def test_on_mismatch_is_validated():
+    with pytest.raises(ValueError, match="`on_mismatch` must be one of"):
+        MidEpochResume(on_mismatch="ignore")
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("changed", "message"),
+    [
+        ({"dataset_size": 22}, "a train dataset of 20 samples but the current one has a train dataset of 22 samples"),
+        ({"batch_size": 4}, "batch_size=2 but the current one has batch_size=4"),
+        ({"drop_last": True, "dataset_size": 21}, "drop_last=False but the current one has drop_last=True"),
+        ({"loader": "sequential"}, "RandomSampler .global torch RNG. but the current one has an order from "
+                                   "BatchSampler over SequentialSampler"),
+        ({"combined": "max_size_cycle"}, "saved with 1 train dataloader.s. but the current run has 2"),
+    ],
+)
+def test_changed_data_is_a_clear_error(changed, message, tmp_path):
+    config = Config(dataset_size=21) if "drop_last" in changed else Config()
+    interrupted = run(config, tmp_path / "interrupted", crash=MID)
+    ckpt = checkpoint_path(tmp_path / "interrupted", MID)
+    digest = _digest(ckpt)
+    with pytest.raises(MidEpochResumeError, match=message):
+        run(replace(config, **changed), tmp_path / "resumed", ckpt_path=ckpt, seed=2)
+    assert interrupted.crashed
+    assert _digest(ckpt) == digest  # never modified
+
+
+def test_restart_epoch_opt_out(tmp_path):
+    run(Config(), tmp_path / "interrupted", crash=MID)
+    ckpt = checkpoint_path(tmp_path / "interrupted", MID)
+    L.seed_everything(2, verbose=False)
+    model = Model(replace(Config(), dataset_size=24))
+    trainer = L.Trainer(callbacks=[MidEpochResume(on_mismatch="restart_epoch")], max_epochs=2, logger=False,
+                        enable_progress_bar=False, enable_checkpointing=False, limit_val_batches=0)
+    with pytest.warns(UserWarning, match="on_mismatch='restart_epoch'"):
+        trainer.fit(model, ckpt_path=ckpt)
+    # the rest of epoch 1 is trained on a freshly started order: 12 batches per epoch now, 4 already done
+    resumed_epoch = [batch for batch in model.seen if batch[0] == 1]
+    assert [batch_idx for _, batch_idx, _ in resumed_epoch] == list(range(4, 12))
+
+
+def test_resumes_without_the_callback_as_stock_lightning(tmp_path):
+    run(Config(), tmp_path / "interrupted", crash=MID)
+    ckpt = checkpoint_path(tmp_path / "interrupted", MID)
+    with pytest.warns(UserWarning, match=STOCK_NOT_RESUMABLE_WARNING):
+        resumed = run(Config(), tmp_path / "resumed", callback=False, ckpt_path=ckpt, seed=2)
+    assert [batch_idx for epoch, batch_idx, _ in resumed.seen if epoch == 1] == list(range(4, 10))
+
+
+@pytest.mark.parametrize("loader", ["sequential", "distributed"])
+def test_stock_checkpoint_with_a_seed_determined_order(loader, tmp_path):
+    """A checkpoint written without the callback: orders fixed by a seed and the epoch still continue exactly."""
+    config = Config(loader=loader, hook_draws=False)
+    full = run(config, tmp_path / "full", callback=False)
+    interrupted = run(config, tmp_path / "interrupted", callback=False, crash=MID)
+    with pytest.warns(UserWarning, match="no MidEpochResume state"):
+        resumed = run(config, tmp_path / "resumed", ckpt_path=checkpoint_path(tmp_path / "interrupted", MID), seed=2)
+    assert interrupted.seen + resumed.seen == full.seen
+
+
+def test_stock_checkpoint_with_a_random_order_warns(tmp_path):
+    config = Config()
+    run(config, tmp_path / "interrupted", callback=False, crash=MID)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = run(config, tmp_path / "resumed", ckpt_path=checkpoint_path(tmp_path / "interrupted", MID), seed=2)
+    messages = [str(w.message) for w in caught]
+    assert any("cannot be recovered" in message for message in messages)
+    assert any("no MidEpochResume state" in message for message in messages)
+    # the epoch still has its remaining number of batches
+    assert [batch_idx for epoch, batch_idx, _ in resumed.seen if epoch == 1] == list(range(4, 10))
+
+
+def test_weights_only_resume(tmp_path):
+    run(Config(), tmp_path / "interrupted", crash=MID)
+    ckpt = checkpoint_path(tmp_path / "interrupted", MID)
+    checkpoint = torch.load(ckpt, weights_only=True)
+    assert checkpoint["callbacks"]["MidEpochResume"]["version"] == 1
+    full = run(Config(), tmp_path / "full")
+    resumed = run(Config(), tmp_path / "resumed", ckpt_path=ckpt, seed=2, weights_only=True)
+    assert resumed.seen == full.seen[14:]
+
+
+@pytest.mark.parametrize("stateful", [True, False])
+def test_iterable_dataset(stateful, tmp_path):
+    config = Config(iterable="stateful" if stateful else "plain", dataset_size=20)
+    if stateful:
+        assert_exact(interrupt_and_resume(config, MID, tmp_path))
+        return
+    with pytest.warns(UserWarning, match="CountingIterable"):
+        comparison = interrupt_and_resume(config, MID, tmp_path)
+    assert comparison.resumed.trainer.current_epoch == config.max_epochs

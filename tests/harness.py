@@ -314,7 +314,9 @@ class CrashCallback(L.Callback):
             return
         batch = trainer.fit_loop.epoch_loop.batch_idx
         at_epoch_end = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
-        if trainer.current_epoch == self.point.epoch and (batch == self.point.batch or (self.point.batch is None and at_epoch_end)):
+        if trainer.current_epoch == self.point.epoch and (
+            batch == self.point.batch or (self.point.batch is None and at_epoch_end)
+        ):
             self._save_and_crash(trainer)
 
 
@@ -426,7 +428,11 @@ def _equal(first: Any, second: Any) -> bool:
     if isinstance(first, torch.Tensor):
         return isinstance(second, torch.Tensor) and first.shape == second.shape and torch.equal(first, second)
     if isinstance(first, dict):
-        return isinstance(second, dict) and first.keys() == second.keys() and all(_equal(first[k], second[k]) for k in first)
+        return (
+            isinstance(second, dict)
+            and first.keys() == second.keys()
+            and all(_equal(first[k], second[k]) for k in first)
+        )
     if isinstance(first, (list, tuple)):
         return isinstance(second, (list, tuple)) and len(first) == len(second) and all(map(_equal, first, second))
     if isinstance(first, np.ndarray):

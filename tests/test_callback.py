@@ -9,6 +9,10 @@ from dataclasses import replace
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.loops.fetchers import _DataFetcher, _PrefetchDataFetcher
+from lightning.pytorch.loops.fit_loop import _FitLoop
+from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+
 from harness import (
     Config,
     CrashPoint,
@@ -18,10 +22,6 @@ from harness import (
     interrupt_and_resume,
     run,
 )
-from lightning.pytorch.loops.fetchers import _DataFetcher, _PrefetchDataFetcher
-from lightning.pytorch.loops.fit_loop import _FitLoop
-from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
-
 from lightning_midepoch import MidEpochResume, MidEpochResumeError
 from lightning_midepoch._compat import STOCK_NOT_RESUMABLE_WARNING
 
@@ -81,8 +81,10 @@ def test_overrides_live_on_this_trainer_only(tmp_path):
     run(Config(), tmp_path / "with", extra_callbacks=[seen_with])
     result = run(Config(), tmp_path / "without", callback=False, extra_callbacks=[seen_without])
     # during fit, the trainer with the callback runs the overrides, mixed in front of Lightning's classes
-    assert all(issubclass(ours, stock) and ours is not stock for ours, stock in
-               zip(seen_with.types, (_FitLoop, _TrainingEpochLoop, _PrefetchDataFetcher)))
+    assert all(
+        issubclass(ours, stock) and ours is not stock
+        for ours, stock in zip(seen_with.types, (_FitLoop, _TrainingEpochLoop, _PrefetchDataFetcher))
+    )
     # the one without runs the stock classes, which nothing modified
     assert seen_without.types == (_FitLoop, _TrainingEpochLoop, _PrefetchDataFetcher)
     assert {cls: dict(vars(cls)) for cls in snapshot} == snapshot
@@ -116,8 +118,11 @@ def _digest(path) -> str:
         ({"dataset_size": 22}, "a train dataset of 20 samples but the current one has a train dataset of 22 samples"),
         ({"batch_size": 4}, "batch_size=2 but the current one has batch_size=4"),
         ({"drop_last": True, "dataset_size": 21}, "drop_last=False but the current one has drop_last=True"),
-        ({"loader": "sequential"}, "RandomSampler .global torch RNG. but the current one has an order from "
-                                   "BatchSampler over SequentialSampler"),
+        (
+            {"loader": "sequential"},
+            "RandomSampler .global torch RNG. but the current one has an order from "
+            "BatchSampler over SequentialSampler",
+        ),
         ({"combined": "max_size_cycle"}, "saved with 1 train dataloader.s. but the current run has 2"),
     ],
 )
@@ -137,8 +142,14 @@ def test_restart_epoch_opt_out(tmp_path):
     ckpt = checkpoint_path(tmp_path / "interrupted", MID)
     L.seed_everything(2, verbose=False)
     model = Model(replace(Config(), dataset_size=24))
-    trainer = L.Trainer(callbacks=[MidEpochResume(on_mismatch="restart_epoch")], max_epochs=2, logger=False,
-                        enable_progress_bar=False, enable_checkpointing=False, limit_val_batches=0)
+    trainer = L.Trainer(
+        callbacks=[MidEpochResume(on_mismatch="restart_epoch")],
+        max_epochs=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+    )
     with pytest.warns(UserWarning, match="on_mismatch='restart_epoch'"):
         trainer.fit(model, ckpt_path=ckpt)
     # the rest of epoch 1 is trained on a freshly started order: 12 batches per epoch now, 4 already done

@@ -1,13 +1,14 @@
-"""Trainer-level exactness: an interrupted-and-resumed run equals the uninterrupted one, configuration by configuration."""
+"""Trainer-level exactness: an interrupted-and-resumed run equals the uninterrupted one, per configuration."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
-from harness import LOADERS, Config, CrashPoint, assert_exact, interrupt_and_resume, resume_repeatedly
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+
+from harness import LOADERS, Config, CrashPoint, assert_exact, interrupt_and_resume, resume_repeatedly
 
 MID = CrashPoint("train_batch_end", epoch=1, batch=3)
 EARLY = CrashPoint("train_batch_end", epoch=0, batch=0)
@@ -17,16 +18,26 @@ CRASH_POINTS = [MID, EARLY, LAST_BATCH, EPOCH_END]
 
 
 @pytest.mark.parametrize("crash", CRASH_POINTS, ids=["mid", "first-batch", "last-batch", "epoch-end"])
-@pytest.mark.parametrize("loader", ["shuffle", "sequential", "sampler_generator", "loader_generator", "distributed",
-                                    "batch_sampler_numpy", "batch_sampler_python", "batch_sampler_torch", "subclass"])
+@pytest.mark.parametrize(
+    "loader",
+    [
+        "shuffle",
+        "sequential",
+        "sampler_generator",
+        "loader_generator",
+        "distributed",
+        "batch_sampler_numpy",
+        "batch_sampler_python",
+        "batch_sampler_torch",
+        "subclass",
+    ],
+)
 def test_samplers(loader, crash, tmp_path):
     assert_exact(interrupt_and_resume(Config(loader=loader), crash, tmp_path))
 
 
 @pytest.mark.parametrize("crash", CRASH_POINTS, ids=["mid", "first-batch", "last-batch", "epoch-end"])
-@pytest.mark.parametrize(
-    ("num_workers", "persistent"), [(2, False), (2, True)], ids=["workers", "persistent-workers"]
-)
+@pytest.mark.parametrize(("num_workers", "persistent"), [(2, False), (2, True)], ids=["workers", "persistent-workers"])
 @pytest.mark.parametrize("loader", ["shuffle", "loader_generator", "distributed", "batch_sampler_numpy"])
 def test_workers(loader, num_workers, persistent, crash, tmp_path):
     config = Config(loader=loader, num_workers=num_workers, persistent_workers=persistent)
@@ -84,7 +95,10 @@ def test_gradient_accumulation(crash, num_workers, tmp_path):
         (Config(reload_every_n=1), CrashPoint("train_batch_end", epoch=1, batch=3)),
         (Config(reload_every_n=2, max_epochs=4), CrashPoint("train_epoch_end", epoch=1)),
         (Config(reload_every_n=2, max_epochs=4), CrashPoint("train_batch_end", epoch=2, batch=5)),
-        (Config(reload_every_n=2, max_epochs=4, num_workers=2, persistent_workers=True), CrashPoint("train_epoch_end", 0)),
+        (
+            Config(reload_every_n=2, max_epochs=4, num_workers=2, persistent_workers=True),
+            CrashPoint("train_epoch_end", 0),
+        ),
         (Config(manual=True), CrashPoint("train_batch_end", epoch=1, batch=3)),
         (Config(manual=True), CrashPoint("train_epoch_end", epoch=0)),
         (Config(drop_last=True, dataset_size=21, batch_size=4), CrashPoint("train_batch_end", epoch=1, batch=2)),
@@ -127,7 +141,11 @@ def test_repeated_resumes(crashes, num_workers, tmp_path):
 
 @pytest.mark.parametrize("combined", [None, "max_size_cycle"])
 def test_repeated_resumes_with_cycling_loader(combined, tmp_path):
-    crashes = [CrashPoint("train_batch_end", 1, 2), CrashPoint("train_batch_end", 1, 4), CrashPoint("train_batch_end", 1, 7)]
+    crashes = [
+        CrashPoint("train_batch_end", 1, 2),
+        CrashPoint("train_batch_end", 1, 4),
+        CrashPoint("train_batch_end", 1, 7),
+    ]
     assert_exact(resume_repeatedly(Config(combined=combined), crashes, tmp_path))
 
 

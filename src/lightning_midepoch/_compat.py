@@ -103,6 +103,11 @@ def check_supported(trainer: Trainer) -> None:
         )
 
 
+def reload_every_n_epochs(trainer: Trainer) -> int:
+    """``Trainer(reload_dataloaders_every_n_epochs=...)`` (set on the trainer by its data connector)."""
+    return int(getattr(trainer, "reload_dataloaders_every_n_epochs", 0))
+
+
 def combined_mode_iterator(combined_loader: CombinedLoader) -> Any:
     """Create the CombinedLoader's mode iterator without starting the loaders' iterators.
 

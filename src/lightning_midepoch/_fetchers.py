@@ -39,7 +39,7 @@ class _ResumableDataFetcher(_DataFetcherBase):
     # Lightning calls `_start_profiler` right before every fetch from the loaders (prefetches included): the moment
     # an iterable dataset's own position must be read, so that a checkpoint saves the position of the first batch
     # the loop has not consumed yet
-    @property  # type: ignore[override]
+    @property
     def _start_profiler(self) -> Callable[[], None]:
         return self._midepoch_before_fetch
 

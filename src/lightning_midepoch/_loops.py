@@ -38,7 +38,7 @@ class _ResumableFitLoop(_FitLoopBase):
 
     _midepoch: _Session
 
-    @property  # type: ignore[override]
+    @property
     def _data_fetcher(self) -> Any:
         return self.__dict__.get("_data_fetcher")
 
@@ -57,7 +57,7 @@ class _ResumableFitLoop(_FitLoopBase):
             super().setup_data()
         finally:
             self._midepoch.hold_next_iter = False
-        n = self.trainer.reload_dataloaders_every_n_epochs
+        n = _compat.reload_every_n_epochs(self.trainer)
         if first_after_resume and n and self._combined_loader is not None:
             # the uninterrupted run last reloaded at the latest multiple of n, not at the epoch it was resumed in
             epoch = self.trainer.current_epoch

@@ -32,6 +32,16 @@ class _PassRecord:
     at_iter: dict[str, Any]
     at_first_next: dict[str, Any] | None = None
 
+    def capture_first_next(self, rng_objects: dict[str, Any]) -> None:
+        """Record the states at the pass's first next(), storing only what changed since iter()."""
+        now = _capture(rng_objects)
+        self.at_first_next = {part: _rng.changed(now[part], self.at_iter[part]) for part in now}
+
+    def first_next_states(self) -> dict[str, Any]:
+        """The full states at the pass's first next()."""
+        assert self.at_first_next is not None
+        return {part: {**self.at_iter[part], **self.at_first_next[part]} for part in self.at_iter}
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "epoch": self.epoch,
@@ -71,7 +81,13 @@ class _IndexSamplerRecorder:
     Attribute access, ``len()`` and ``isinstance`` are forwarded to the wrapped sampler.
     """
 
-    __slots__ = ("_midepoch_inner", "_midepoch_rng_objects", "_midepoch_epoch_fn", "record", "passes", "_replay")
+    __slots__ = ("_midepoch_epoch_fn", "_midepoch_inner", "_midepoch_rng_objects", "_replay", "passes", "record")
+    _midepoch_inner: Any
+    _midepoch_rng_objects: dict[str, Any]
+    _midepoch_epoch_fn: Callable[[], int]
+    record: _PassRecord | None
+    passes: int
+    _replay: _Replay | None
 
     def __init__(self, inner: Any, rng_objects: dict[str, Any], epoch_fn: Callable[[], int]) -> None:
         object.__setattr__(self, "_midepoch_inner", inner)
@@ -92,7 +108,7 @@ class _IndexSamplerRecorder:
         return self._midepoch_rng_objects
 
     @property  # type: ignore[misc]
-    def __class__(self) -> type:  # noqa: D105 - makes isinstance() see the wrapped sampler's class
+    def __class__(self) -> type[Any]:  # isinstance() sees the wrapped sampler's class
         return type(self._midepoch_inner)
 
     def __getattr__(self, name: str) -> Any:
@@ -144,14 +160,14 @@ class _IndexSamplerRecorder:
         # live states once every iterator is built.
         _apply(self._midepoch_rng_objects, record.at_iter)
         iterator = fast_forward(self._midepoch_inner, replay.skip)
-        if replay.live or record.at_first_next is None and replay.record is not None:
+        if replay.live or (record.at_first_next is None and replay.record is not None):
             # a new epoch, or a recorded pass that had not drawn yet when the checkpoint was written: draw now
             return self._observe(iterator, record)
         return self._resume(iterator, record)
 
     def _observe(self, iterator: Iterator[Any], record: _PassRecord) -> Iterator[Any]:
         # a generator: this body runs at the first next(), when generator-based samplers draw
-        record.at_first_next = _capture(self._midepoch_rng_objects)
+        record.capture_first_next(self._midepoch_rng_objects)
         record.index, self.passes = self.passes, self.passes + 1
         yield from iterator
 
@@ -161,9 +177,9 @@ class _IndexSamplerRecorder:
         record.index, self.passes = self.passes, self.passes + 1
         with _rng.isolated_global():
             if record.at_first_next is None:
-                record.at_first_next = _capture(self._midepoch_rng_objects)
+                record.capture_first_next(self._midepoch_rng_objects)
             else:
-                _apply(self._midepoch_rng_objects, record.at_first_next)
+                _apply(self._midepoch_rng_objects, record.first_next_states())
             first = next(iterator, _SENTINEL)
         if first is _SENTINEL:
             return

@@ -7,16 +7,12 @@ ints, floats, strings, lists and dicts, so that they survive ``torch.load(..., w
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
-
-try:  # numpy is optional: torch does not require it
-    import numpy as np
-except ImportError:  # pragma: no cover - numpy is installed wherever Lightning is
-    np = None  # type: ignore[assignment]
 
 _RNGState = dict[str, Any]
 
@@ -36,7 +32,7 @@ def _state_to_numpy_array(state: Mapping[str, Any]) -> Any:
 
 def _encode(value: Any) -> Any:
     """Turn a (nested) numpy bit-generator state into weights-only-safe primitives."""
-    if np is not None and isinstance(value, np.ndarray):
+    if isinstance(value, np.ndarray):
         return _numpy_array_to_state(value)
     if isinstance(value, dict):
         return {key: _encode(item) for key, item in value.items()}
@@ -51,23 +47,31 @@ def _decode(value: Any) -> Any:
     return value
 
 
+def _pack_words(words: Any) -> torch.Tensor:
+    """32-bit generator words (Mersenne Twister keys) stored in an int32 tensor, bit for bit."""
+    return torch.from_numpy(np.asarray(words, dtype=np.uint32).view(np.int32).copy())
+
+
+def _unpack_words(tensor: torch.Tensor) -> Any:
+    return tensor.numpy().view(np.uint32)
+
+
 def _python_state(rng: random.Random | None = None) -> dict[str, Any]:
     version, internal, gauss_next = (rng or random).getstate()
-    return {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss_next": gauss_next}
+    # 624 32-bit words and the position: all below 2**32
+    return {"version": version, "state": _pack_words(internal), "gauss_next": gauss_next}
 
 
 def _set_python_state(state: Mapping[str, Any], rng: random.Random | None = None) -> None:
-    internal = tuple(int(v) for v in state["state"].tolist())
+    internal = tuple(int(word) for word in _unpack_words(state["state"]).tolist())
     (rng or random).setstate((state["version"], internal, state["gauss_next"]))
 
 
-def _numpy_global_state() -> dict[str, Any] | None:
-    if np is None:  # pragma: no cover
-        return None
-    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)  # type: ignore[misc]
+def _numpy_global_state() -> dict[str, Any]:
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
     return {
         "name": name,
-        "keys": torch.from_numpy(keys.astype("int64")),
+        "keys": _pack_words(keys),
         "pos": int(pos),
         "has_gauss": int(has_gauss),
         "cached_gaussian": float(cached_gaussian),
@@ -75,9 +79,7 @@ def _numpy_global_state() -> dict[str, Any] | None:
 
 
 def _set_numpy_global_state(state: Mapping[str, Any]) -> None:
-    if np is None:  # pragma: no cover
-        return
-    keys = state["keys"].numpy().astype("uint32")
+    keys = _unpack_words(state["keys"])
     np.random.set_state((state["name"], keys, state["pos"], state["has_gauss"], state["cached_gaussian"]))
 
 
@@ -95,11 +97,8 @@ def capture_global(include_cuda: bool = False) -> _RNGState:
         True
 
     """
-    state: _RNGState = {"torch": torch.get_rng_state(), "python": _python_state()}
-    numpy_state = _numpy_global_state()
-    if numpy_state is not None:
-        state["numpy"] = numpy_state
-    if include_cuda and torch.cuda.is_available() and torch.cuda.is_initialized():
+    state: _RNGState = {"torch": torch.get_rng_state(), "numpy": _numpy_global_state(), "python": _python_state()}
+    if include_cuda and torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         state["cuda"] = list(torch.cuda.get_rng_state_all())
     return state
 
@@ -143,7 +142,7 @@ def isolated_global() -> Iterator[None]:
 def _is_rng_object(value: Any) -> bool:
     if isinstance(value, (torch.Generator, random.Random)):
         return True
-    return np is not None and isinstance(value, (np.random.Generator, np.random.RandomState))
+    return isinstance(value, (np.random.Generator, np.random.RandomState))
 
 
 def find_rng_objects(roots: Mapping[str, Any], depth: int = 3) -> dict[str, Any]:
@@ -188,7 +187,7 @@ def _object_state(obj: Any) -> Any:
         return {"kind": "torch", "state": obj.get_state()}
     if isinstance(obj, random.Random):
         return {"kind": "python", "state": _python_state(obj)}
-    if np is not None and isinstance(obj, np.random.RandomState):
+    if isinstance(obj, np.random.RandomState):
         return {"kind": "numpy_legacy", "state": _encode(obj.get_state(legacy=False))}
     return {"kind": "numpy", "state": _encode(obj.bit_generator.state)}
 
@@ -227,6 +226,11 @@ def restore_objects(objects: Mapping[str, Any], states: Mapping[str, Any]) -> li
     return missing
 
 
+def changed(state: Mapping[str, Any], since: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``state`` that differ from ``since`` (states are stored once when nothing drew in between)."""
+    return {key: value for key, value in state.items() if key not in since or not states_equal(value, since[key])}
+
+
 def states_equal(first: Any, second: Any) -> bool:
     """Compare two captured states (nested dicts, lists and tensors) for exact equality."""
     if isinstance(first, torch.Tensor) or isinstance(second, torch.Tensor):
@@ -252,15 +256,3 @@ def state_nbytes(state: Any) -> int:
     if isinstance(state, (list, tuple)):
         return sum(state_nbytes(v) for v in state)
     return 8
-
-
-def iter_tensors(state: Any) -> Iterable[torch.Tensor]:
-    """Yield every tensor inside a nested state."""
-    if isinstance(state, torch.Tensor):
-        yield state
-    elif isinstance(state, Mapping):
-        for value in state.values():
-            yield from iter_tensors(value)
-    elif isinstance(state, (list, tuple)):
-        for value in state:
-            yield from iter_tensors(value)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 import torch
 from torch.utils.data import (
@@ -59,7 +59,7 @@ class FastForwardable(Protocol[_T_co]):
 
 def _has_stock_iter(obj: Any, cls: type) -> bool:
     """Whether ``obj`` iterates exactly like ``cls`` (it may be a subclass that does not override ``__iter__``)."""
-    return isinstance(obj, cls) and type(obj).__iter__ is cls.__iter__  # type: ignore[comparison-overlap]
+    return isinstance(obj, cls) and getattr(type(obj), "__iter__", None) is getattr(cls, "__iter__", None)
 
 
 def _sequential_from(sampler: SequentialSampler, start: int) -> Iterator[int]:
@@ -69,7 +69,7 @@ def _sequential_from(sampler: SequentialSampler, start: int) -> Iterator[int]:
 def _random_generator(sampler: RandomSampler) -> torch.Generator:
     # the same draws as RandomSampler.__iter__: one int64 from the global generator when it has none of its own
     if sampler.generator is not None:
-        return sampler.generator
+        return cast(torch.Generator, sampler.generator)
     seed = int(torch.empty((), dtype=torch.int64).random_().item())
     generator = torch.Generator()
     generator.manual_seed(seed)
@@ -119,7 +119,7 @@ def _weighted_random_from(sampler: WeightedRandomSampler, start: int) -> Iterato
     yield from drawn[start:].tolist()
 
 
-def _distributed_from(sampler: DistributedSampler, start: int) -> Iterator[int]:
+def _distributed_from(sampler: DistributedSampler[Any], start: int) -> Iterator[int]:
     # eager, like DistributedSampler.__iter__: the order depends only on seed, epoch, rank and world size
     n = len(sampler.dataset)  # type: ignore[arg-type]
     if sampler.shuffle:
@@ -143,8 +143,8 @@ def _batch_from(batch_sampler: BatchSampler, start: int) -> Iterator[list[int]]:
     indices = fast_forward(batch_sampler.sampler, start * batch_sampler.batch_size)
     size = batch_sampler.batch_size
     if batch_sampler.drop_last:
-        for batch in zip(*[indices] * size):
-            yield [*batch]
+        for full in zip(*[indices] * size):
+            yield [*full]
         return
     batch = [*itertools.islice(indices, size)]
     while batch:
@@ -192,7 +192,7 @@ def _reference_samplers(cls: type, generator: torch.Generator) -> list[Iterable[
     if cls is SequentialSampler:
         return [SequentialSampler(data)]
     if cls is DistributedSampler:
-        samplers = [
+        samplers: list[DistributedSampler[Any]] = [
             DistributedSampler(data, num_replicas=3, rank=1, shuffle=shuffle, drop_last=drop_last, seed=7)  # type: ignore[arg-type]
             for shuffle in (True, False)
             for drop_last in (True, False)

@@ -7,10 +7,9 @@ continues and restores the saved random states and partial gradients.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
-
-from collections import deque
 
 import torch
 
@@ -85,7 +84,7 @@ class _Session:
         fit_loop = self.trainer.fit_loop
         for obj, mixin in ((fit_loop, _ResumableFitLoop), (fit_loop.epoch_loop, _ResumableTrainingEpochLoop)):
             self._originals.append((obj, _mix_in(obj, mixin)))
-            obj._midepoch = self  # type: ignore[attr-defined]
+            vars(obj)["_midepoch"] = self
         if fit_loop._data_fetcher is not None:  # pragma: no cover - Lightning creates it inside setup_data
             self.adopt_fetcher(fit_loop._data_fetcher)
 
@@ -100,7 +99,7 @@ class _Session:
     def adopt_fetcher(self, fetcher: _DataFetcher) -> None:
         """Take over the train data fetcher the fit loop just created."""
         self._originals.append((fetcher, _mix_in(fetcher, _ResumableDataFetcher)))
-        fetcher._midepoch = self  # type: ignore[attr-defined]
+        vars(fetcher)["_midepoch"] = self
         self.fetcher = fetcher
 
     def attach(self, combined_loader: CombinedLoader) -> None:
@@ -295,7 +294,7 @@ class _Session:
         A new iterator draws a worker base seed from the process-wide generator; resetting persistent workers does
         not. Those loaders keep the live states still across that draw.
         """
-        n = self.trainer.reload_dataloaders_every_n_epochs
+        n = _compat.reload_every_n_epochs(self.trainer)
         created_at = epoch - epoch % n if n else 0  # when the uninterrupted run last created the loader
         return [
             index

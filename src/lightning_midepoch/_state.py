@@ -30,7 +30,7 @@ Layout (version 1)::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch.utils.data import (
@@ -76,8 +76,10 @@ class MidEpochResumeError(RuntimeError):
 
 
 def is_stateful(obj: object) -> bool:
-    """Whether ``obj`` saves and restores its own position (``state_dict``/``load_state_dict``), like
-    torchdata's ``StatefulDataLoader``; Lightning then checkpoints it itself."""
+    """Whether ``obj`` saves and restores its own position (``state_dict``/``load_state_dict``).
+
+    Lightning checkpoints such a loader (torchdata's ``StatefulDataLoader``, say) itself.
+    """
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
@@ -90,7 +92,7 @@ def loader_kind(loader: object) -> str:
     return KIND_ITERABLE
 
 
-def index_sampler(loader: DataLoader) -> Any:
+def index_sampler(loader: DataLoader[Any]) -> Any:
     """The object a DataLoader draws indices from: its batch sampler, or its sampler when ``batch_size=None``."""
     return loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
 
@@ -159,7 +161,7 @@ _FACT_NAMES = {
 }
 
 
-def check_loaders(saved: list[Mapping[str, Any]], current: list[Mapping[str, Any]], fix: str) -> None:
+def check_loaders(saved: Sequence[Mapping[str, Any]], current: Sequence[Mapping[str, Any]], fix: str) -> None:
     """Raise :class:`MidEpochResumeError` if the train loaders differ from the ones the checkpoint was saved with.
 
     Args:

@@ -61,9 +61,7 @@ class MidEpochResume(_CallbackBase):
     def __init__(self, on_mismatch: OnMismatch = "raise") -> None:
         super().__init__()
         if on_mismatch not in get_args(OnMismatch):
-            raise ValueError(
-                f"`on_mismatch` must be one of {list(get_args(OnMismatch))}, got {on_mismatch!r}."
-            )
+            raise ValueError(f"`on_mismatch` must be one of {list(get_args(OnMismatch))}, got {on_mismatch!r}.")
         self.on_mismatch: OnMismatch = on_mismatch
         self._session: _Session | None = None
         self._loaded: dict[str, Any] | None = None

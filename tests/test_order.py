@@ -1,0 +1,118 @@
+"""Recording a loader's order as it is drawn and replaying it part-way, on plain torch DataLoaders."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
+
+from lightning_midepoch import _rng
+from lightning_midepoch._order import _IndexSamplerRecorder, _PassRecord, _Replay
+
+
+def _recorded_loader(**kwargs) -> tuple[DataLoader, _IndexSamplerRecorder]:
+    loader = DataLoader(list(range(23)), batch_size=3, **kwargs)
+    recorder = _IndexSamplerRecorder(loader.batch_sampler, _rng.find_rng_objects({"loader": loader}), lambda: 0)
+    object.__setattr__(loader, "batch_sampler", recorder)
+    return loader, recorder
+
+
+def test_recorder_is_transparent():
+    inner = BatchSampler(DistributedSampler(range(10), num_replicas=2, rank=0), batch_size=2, drop_last=False)
+    recorder = _IndexSamplerRecorder(inner, {}, lambda: 0)
+    assert isinstance(recorder, BatchSampler)
+    assert len(recorder) == len(inner) == 3
+    assert recorder.batch_size == 2
+    recorder.sampler.set_epoch(3)
+    assert inner.sampler.epoch == 3
+    recorder.drop_last = True
+    assert inner.drop_last is True
+    assert "BatchSampler" in repr(recorder)
+    with pytest.raises(AttributeError):
+        _ = recorder._midepoch_missing
+
+
+def _scramble() -> None:
+    torch.manual_seed(999)
+    np.random.seed(999)
+    random.seed(999)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("consumed", [0, 1, 4, 8])
+@pytest.mark.parametrize("generator", [False, True])
+def test_replay_continues_the_recorded_order(num_workers, consumed, generator):
+    def make():
+        kwargs = {"generator": torch.Generator().manual_seed(5)} if generator else {}
+        return _recorded_loader(shuffle=True, num_workers=num_workers, **kwargs)
+
+    torch.manual_seed(1)
+    loader, recorder = make()
+    iterator = iter(loader)
+    for _ in range(consumed):
+        next(iterator)
+    # what a checkpoint holds: the pass's record and the live states
+    record = _PassRecord.from_state_dict(recorder.record.state_dict())
+    live = _rng.capture_global()
+    rest = [batch.tolist() for batch in iterator]
+    end = _rng.capture_global()
+
+    _scramble()
+    loader, recorder = make()
+    _rng.restore_global(live)
+    recorder.arm(_Replay(record, skip=consumed, index=0))
+    with _rng.isolated_global():  # the epoch loop builds the resumed iterator in isolation
+        iterator = iter(loader)
+    recorder.disarm()
+    assert [batch.tolist() for batch in iterator] == rest
+    # the live streams continue exactly as in the uninterrupted pass
+    assert _rng.states_equal(_rng.capture_global(), end)
+    # a checkpoint taken in the resumed pass saves the same record
+    assert recorder.record is record
+
+
+def test_recording_reads_states_only():
+    torch.manual_seed(3)
+    list(DataLoader(list(range(23)), batch_size=3, shuffle=True))
+    reference = torch.rand(4)
+    torch.manual_seed(3)
+    loader, _ = _recorded_loader(shuffle=True)
+    list(loader)
+    assert torch.equal(torch.rand(4), reference)
+
+
+def test_passes_are_counted_at_their_first_batch():
+    loader, recorder = _recorded_loader(shuffle=True, num_workers=2)  # workers call iter() twice per iterator
+    recorder.start_epoch()
+    list(loader)
+    assert recorder.record.index == 0
+    list(loader)
+    assert recorder.record.index == 1
+    recorder.start_epoch()
+    iter(loader)
+    assert recorder.passes == 1
+
+
+def test_replay_without_a_record_skips_a_fresh_order():
+    loader, recorder = _recorded_loader(shuffle=False)
+    recorder.arm(_Replay(None, skip=5, index=0))
+    batches = [batch.tolist() for batch in loader]
+    recorder.disarm()
+    assert batches == [[15, 16, 17], [18, 19, 20], [21, 22]]
+
+
+def test_live_replay_keeps_the_states_still_across_iterator_creation():
+    """With persistent workers, a resumed run creates an iterator (drawing a base seed) where the original reset one."""
+    torch.manual_seed(4)
+    expected = list(RandomSampler(range(23)))
+    torch.manual_seed(4)
+    loader = DataLoader(list(range(23)), batch_size=1, shuffle=True, num_workers=2, persistent_workers=True)
+    recorder = _IndexSamplerRecorder(loader.batch_sampler, {}, lambda: 0)
+    object.__setattr__(loader, "batch_sampler", recorder)
+    recorder.arm(_Replay(None, skip=0, index=0, live=True))
+    batches = [int(batch) for batch in loader]
+    recorder.disarm()
+    assert batches == expected

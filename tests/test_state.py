@@ -1,0 +1,182 @@
+"""The checkpoint state: its exact structure, its size, and the clear errors when a resume cannot be exact."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+
+from harness import Config, CrashPoint, checkpoint_path, run
+from lightning_midepoch import MidEpochResumeError
+from lightning_midepoch import _state as S
+
+MID = CrashPoint("train_batch_end", epoch=1, batch=3)
+
+
+def _saved_state(config: Config, tmp_path) -> dict:
+    run(config, tmp_path, crash=MID)
+    return torch.load(checkpoint_path(tmp_path, MID), weights_only=True)["callbacks"]["MidEpochResume"]
+
+
+def test_saved_structure(tmp_path):
+    """Pin the schema: a change here is a new state version (and a migration in `_state.migrate`)."""
+    state = _saved_state(Config(), tmp_path)
+    assert set(state) == {
+        "version",
+        "package_version",
+        "lightning_version",
+        "torch_version",
+        "epoch",
+        "fetched",
+        "world_size",
+        "mode",
+        "loaders",
+        "ranks",
+    }
+    assert state["version"] == S.STATE_VERSION == 1
+    assert (state["epoch"], state["fetched"], state["world_size"], state["mode"]) == (1, 4, 1, "max_size_cycle")
+    assert state["loaders"] == [
+        {
+            "kind": "map",
+            "dataset_length": 20,
+            "num_batches": 10,
+            "batch_size": 2,
+            "drop_last": False,
+            "order": "BatchSampler over RandomSampler (global torch RNG)",
+            "seed_determined": False,
+        }
+    ]
+    (rank,) = state["ranks"]
+    assert set(rank) == {"rng", "passes", "generators", "dataset_states", "grads"}
+    assert set(rank["rng"]) == {"torch", "numpy", "python"}
+    (record,) = rank["passes"]
+    assert set(record) == {"epoch", "index", "at_iter", "at_first_next"}
+    assert (record["epoch"], record["index"]) == (1, 0)
+    assert set(record["at_iter"]) == set(record["at_first_next"]) == {"global", "objects"}
+    # only what changed between iter() and the first next() is stored twice: here the worker base seed draw
+    assert set(record["at_first_next"]["global"]) == {"torch"}
+    assert rank["generators"] == [{}]
+    assert rank["dataset_states"] == [None]
+    assert rank["grads"] is None
+
+
+def _nbytes(state: dict) -> int:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getbuffer().nbytes
+
+
+def test_size_does_not_depend_on_the_dataset(tmp_path):
+    small = _saved_state(Config(dataset_size=20), tmp_path / "small")
+    large = _saved_state(Config(dataset_size=20_000), tmp_path / "large")
+    assert abs(_nbytes(small) - _nbytes(large)) < 64  # only the integers describing the dataset differ
+    assert _nbytes(small) < 32_000  # three snapshots of torch + numpy + python states, ~10 KB each
+
+
+def test_partial_gradients_only_inside_an_accumulation_group(tmp_path):
+    inside = _saved_state(Config(accumulate_grad_batches=3), tmp_path / "inside")  # batch 3 of group 3..5
+    at_end = _saved_state(Config(accumulate_grad_batches=2), tmp_path / "end")  # batch 3 ends group 2..3
+    assert set(inside["ranks"][0]["grads"]) == {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"}
+    assert at_end["ranks"][0]["grads"] is None
+
+
+FIX = "pass the opt-out"
+
+
+def _facts(**changes):
+    facts = S.loader_facts(DataLoader(range(20), batch_size=2, shuffle=True))
+    facts.update(changes)
+    return facts
+
+
+@pytest.mark.parametrize(
+    ("current", "message"),
+    [
+        ([_facts(), _facts()], "saved with 1 train dataloader.s. but the current run has 2"),
+        ([_facts(dataset_length=30)], "20 samples but the current one has a train dataset of 30 samples"),
+        ([_facts(batch_size=4)], "batch_size=2 but the current one has batch_size=4"),
+        ([_facts(drop_last=True)], "drop_last=False but the current one has drop_last=True"),
+        ([_facts(num_batches=11)], "10 batches per epoch but the current one has 11 batches"),
+        ([_facts(kind="iterable")], "of kind 'map' but it is 'iterable' now"),
+    ],
+)
+def test_check_loaders(current, message):
+    with pytest.raises(MidEpochResumeError, match=message + ".*pass the opt-out"):
+        S.check_loaders([_facts()], current, FIX)
+
+
+def test_check_loaders_accepts_the_same_and_ignores_non_map_details():
+    S.check_loaders([_facts()], [_facts()], FIX)
+    S.check_loaders([_facts(kind="stateful", batch_size=1)], [_facts(kind="stateful", batch_size=2)], FIX)
+
+
+def test_check_world_size():
+    S.check_world_size(2, 2, FIX)
+    with pytest.raises(MidEpochResumeError, match="world size of 2 but the current run has a world size of 1"):
+        S.check_world_size(2, 1, FIX)
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ({}, "no valid version"),
+        ({"version": "1"}, "no valid version"),
+        ({"version": 2}, "version 2, newer than this lightning-midepoch"),
+    ],
+)
+def test_migrate_rejects(state, message):
+    with pytest.raises(MidEpochResumeError, match=message):
+        S.migrate(state)
+
+
+def test_migrate_current():
+    assert S.migrate({"version": 1, "loaders": []}) == {"version": 1, "loaders": []}
+
+
+@pytest.mark.parametrize(
+    ("sampler", "description", "determined"),
+    [
+        (SequentialSampler(range(3)), "SequentialSampler (fixed order)", True),
+        (RandomSampler(range(3)), "RandomSampler (global torch RNG)", False),
+        (RandomSampler(range(3), generator=torch.Generator()), "RandomSampler (own generator)", False),
+        (
+            DistributedSampler(range(3), num_replicas=2, rank=1, seed=4),
+            "DistributedSampler (seed 4 + epoch, rank 1 of 2)",
+            True,
+        ),
+        (
+            DistributedSampler(range(3), num_replicas=2, rank=0, shuffle=False),
+            "DistributedSampler (fixed order, rank 0 of 2)",
+            True,
+        ),
+        (
+            BatchSampler(SequentialSampler(range(3)), 2, False),
+            "BatchSampler over SequentialSampler (fixed order)",
+            True,
+        ),
+        (iter([]), "list_iterator (custom)", False),
+    ],
+)
+def test_describe_order(sampler, description, determined):
+    assert S.describe_order(sampler) == (description, determined)
+
+
+def test_loader_kinds():
+    class Stateful(DataLoader):
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, state):
+            pass
+
+    assert S.loader_kind(DataLoader(range(3))) == S.KIND_MAP
+    assert S.loader_kind(Stateful(range(3))) == S.KIND_STATEFUL
+
+    class Numbers(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+
+    assert S.loader_kind(DataLoader(Numbers())) == S.KIND_ITERABLE
+    assert S.loader_kind([1, 2]) == S.KIND_ITERABLE

@@ -27,8 +27,8 @@ test: venv  ## every test, with branch coverage of src/ (at least 90%, enforced)
 	$(BIN)/python -m pytest src/lightning_midepoch tests --cov --cov-report=term-missing -p no:cacheprovider
 
 lint: venv  ## ruff and mypy --strict on src/
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 bench: venv  ## measurements, printed as tables; plots in benchmarks/results/

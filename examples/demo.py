@@ -69,8 +69,13 @@ def _train(args: argparse.Namespace) -> None:
                 self.first_step_time = time.perf_counter()
             ids, x, y = batch
             loss = nn.functional.mse_loss(self.net(x), y)
-            record = {"step": self.global_step, "epoch": self.current_epoch, "batch": batch_idx,
-                      "ids": ids.tolist(), "loss": loss.item()}
+            record = {
+                "step": self.global_step,
+                "epoch": self.current_epoch,
+                "batch": batch_idx,
+                "ids": ids.tolist(),
+                "loss": loss.item(),
+            }
             self.log_file.write(json.dumps(record) + "\n")
             self.log_file.flush()
             return loss
@@ -128,8 +133,15 @@ def _steps(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _analyse(name: str, full: list[dict[str, Any]], killed: list[dict[str, Any]], resumed: list[dict[str, Any]],
-             run_dir: Path, full_dir: Path, samples: int) -> dict[str, Any]:
+def _analyse(
+    name: str,
+    full: list[dict[str, Any]],
+    killed: list[dict[str, Any]],
+    resumed: list[dict[str, Any]],
+    run_dir: Path,
+    full_dir: Path,
+    samples: int,
+) -> dict[str, Any]:
     import torch
 
     resume_step = resumed[0]["step"]  # the step last.ckpt was written at
@@ -163,16 +175,22 @@ def _plot(out: Path, curves: dict[str, list[dict[str, Any]]], resume_step: int) 
     import matplotlib.pyplot as plt
 
     def smooth(values: list[float], width: int = 15) -> list[float]:
-        return [sum(values[max(0, i - width + 1) : i + 1]) / len(values[max(0, i - width + 1) : i + 1])
-                for i in range(len(values))]
+        return [
+            sum(values[max(0, i - width + 1) : i + 1]) / len(values[max(0, i - width + 1) : i + 1])
+            for i in range(len(values))
+        ]
 
     figure, axis = plt.subplots(figsize=(9, 4.5))
-    styles = {"uninterrupted": ("black", "-", 2.5), "resumed with MidEpochResume": ("tab:green", "--", 1.8),
-              "resumed with stock Lightning": ("tab:red", ":", 1.8)}
+    styles = {
+        "uninterrupted": ("black", "-", 2.5),
+        "resumed with MidEpochResume": ("tab:green", "--", 1.8),
+        "resumed with stock Lightning": ("tab:red", ":", 1.8),
+    }
     for label, steps in curves.items():
         color, style, width = styles[label]
-        axis.plot([s["step"] for s in steps], smooth([s["loss"] for s in steps]), style, color=color, lw=width,
-                  label=label)
+        axis.plot(
+            [s["step"] for s in steps], smooth([s["loss"] for s in steps]), style, color=color, lw=width, label=label
+        )
     axis.axvline(resume_step, color="grey", lw=1)
     bottom, top = axis.get_ylim()
     axis.text(resume_step, bottom + 0.03 * (top - bottom), " SIGKILL: resumed from last.ckpt", color="grey")
@@ -207,8 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"samples": 640, "epochs": 2, "every": 8} if args.quick else {"samples": 4000, "epochs": 3, "every": 50}
     batches = -(-settings["samples"] // 32)
     kill_at = batches + batches // 2 + 3  # inside the second epoch, a few steps after a checkpoint
-    print(f"Training {settings['epochs']} epochs of {batches} batches; ModelCheckpoint every {settings['every']} steps;"
-          f" SIGKILL at step {kill_at}.")
+    print(
+        f"Training {settings['epochs']} epochs of {batches} batches; ModelCheckpoint every {settings['every']} steps;"
+        f" SIGKILL at step {kill_at}."
+    )
     for name, flags in [
         ("uninterrupted", {"callback": True}),
         ("callback-killed", {"callback": True, "kill_at_step": kill_at}),
@@ -227,23 +247,41 @@ def main(argv: list[str] | None = None) -> int:
 
     full = _steps(out / "uninterrupted")
     rows = [
-        _analyse("MidEpochResume", full, _steps(out / "callback-killed"), _steps(out / "callback-resumed"),
-                 out / "callback-resumed", out / "uninterrupted", settings["samples"]),
-        _analyse("stock Lightning", full, _steps(out / "stock-killed"), _steps(out / "stock-resumed"),
-                 out / "stock-resumed", out / "uninterrupted", settings["samples"]),
+        _analyse(
+            "MidEpochResume",
+            full,
+            _steps(out / "callback-killed"),
+            _steps(out / "callback-resumed"),
+            out / "callback-resumed",
+            out / "uninterrupted",
+            settings["samples"],
+        ),
+        _analyse(
+            "stock Lightning",
+            full,
+            _steps(out / "stock-killed"),
+            _steps(out / "stock-resumed"),
+            out / "stock-resumed",
+            out / "uninterrupted",
+            settings["samples"],
+        ),
     ]
     report = {"settings": settings, "kill_at_step": kill_at, "results": rows}
     (out / "report.json").write_text(json.dumps(report, indent=2))
 
     first = rows[0]
-    print(f"\nKilled at step {first['killed_at_step']} (epoch {first['interrupted_epoch']}); last.ckpt was written at"
-          f" step {first['resumed_from_step']} (batch {first['batch_in_epoch']} of {batches}).\n")
+    print(
+        f"\nKilled at step {first['killed_at_step']} (epoch {first['interrupted_epoch']}); last.ckpt was written at"
+        f" step {first['resumed_from_step']} (batch {first['batch_in_epoch']} of {batches}).\n"
+    )
     header = f"{'':<44}{'MidEpochResume':>18}{'stock Lightning':>18}"
     print(header)
     print("-" * len(header))
     lines = [
-        ("steps after the checkpoint equal to uninterrupted",
-         lambda r: f"{r['steps_identical']}/{r['steps_after_checkpoint']}"),
+        (
+            "steps after the checkpoint equal to uninterrupted",
+            lambda r: f"{r['steps_identical']}/{r['steps_after_checkpoint']}",
+        ),
         ("samples replayed in the interrupted epoch", lambda r: str(r["samples_replayed_in_epoch"])),
         ("samples never seen in the interrupted epoch", lambda r: str(r["samples_never_seen_in_epoch"])),
         ("final weights bitwise equal to uninterrupted", lambda r: "yes" if r["weights_equal"] else "no"),
@@ -254,9 +292,13 @@ def main(argv: list[str] | None = None) -> int:
 
     curves = {
         "uninterrupted": full,
-        "resumed with MidEpochResume": [s for s in _steps(out / "callback-killed") if s["step"] < first["resumed_from_step"]]
+        "resumed with MidEpochResume": [
+            s for s in _steps(out / "callback-killed") if s["step"] < first["resumed_from_step"]
+        ]
         + _steps(out / "callback-resumed"),
-        "resumed with stock Lightning": [s for s in _steps(out / "stock-killed") if s["step"] < rows[1]["resumed_from_step"]]
+        "resumed with stock Lightning": [
+            s for s in _steps(out / "stock-killed") if s["step"] < rows[1]["resumed_from_step"]
+        ]
         + _steps(out / "stock-resumed"),
     }
     _plot(out, curves, first["resumed_from_step"])

@@ -45,7 +45,9 @@ def test_resumed_run_equals_the_uninterrupted_one(demo_output):
     resumed = _steps(demo_output / "callback-resumed")
     start = resumed[0]["step"]
     expected = [step for step in full if step["step"] >= start]
-    assert [(s["epoch"], s["batch"], s["ids"]) for s in resumed] == [(s["epoch"], s["batch"], s["ids"]) for s in expected]
+    assert [(s["epoch"], s["batch"], s["ids"]) for s in resumed] == [
+        (s["epoch"], s["batch"], s["ids"]) for s in expected
+    ]
     assert [s["loss"] for s in resumed] == [s["loss"] for s in expected]
     oracle, actual = _weights(demo_output / "uninterrupted"), _weights(demo_output / "callback-resumed")
     assert all(torch.equal(oracle[name], actual[name]) for name in oracle)
@@ -64,7 +66,8 @@ def test_stock_lightning_trains_the_rest_of_the_epoch_on_the_wrong_data(demo_out
 def test_report_and_plot(demo_output):
     report = json.loads((demo_output / "report.json").read_text())
     ours, stock = report["results"]
-    assert ours["weights_equal"] and not stock["weights_equal"]
+    assert ours["weights_equal"]
+    assert not stock["weights_equal"]
     assert ours["samples_replayed_in_epoch"] == ours["samples_never_seen_in_epoch"] == 0
     assert stock["samples_replayed_in_epoch"] > 0
     assert (demo_output / "loss_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -18,7 +18,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.utilities import CombinedLoader
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, Sampler
@@ -202,6 +202,7 @@ class Model(L.LightningModule):
         self.validated: list[tuple[int, int]] = []
         self.datasets: list[IndexedDataset] = []
         self.automatic_optimization = not config.manual
+        self.raise_at: tuple[int, int | None] | None = None
 
     def train_dataloader(self) -> Any:
         return self.config.loaders(self)
@@ -237,6 +238,8 @@ class Model(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         loss = self._loss(batch, batch_idx)
+        if self.raise_at == (self.current_epoch, batch_idx):
+            raise Crash("an error in training_step")
         if not self.config.manual:
             return loss
         optimizer = self.optimizers()
@@ -276,8 +279,9 @@ class CrashingModelCheckpoint(ModelCheckpoint):
 class CrashPoint:
     """Where the interrupted run writes a checkpoint and dies.
 
-    ``hook`` is one of ``train_batch_end`` (a ``trainer.save_checkpoint`` in ``on_train_batch_end`` of batch
-    ``batch``), ``train_epoch_end``, ``validation_end`` (the validation after batch ``batch``, or at the epoch's end
+    ``hook`` is ``exception`` (``training_step`` raises, ``OnExceptionCheckpoint`` writes the checkpoint) or one of ``train_batch_end`` (a ``trainer.save_checkpoint`` in ``on_train_batch_end`` of batch
+    ``batch``), ``train_batch_start``, ``before_backward``, ``after_backward``, ``before_optimizer_step`` (inside
+    that batch), ``train_epoch_start``, ``train_epoch_end``, ``validation_end`` (the validation after batch ``batch``, or at the epoch's end
     when ``batch`` is None) and ``model_checkpoint`` (``ModelCheckpoint(every_n_train_steps=every)`` wrote
     ``last.ckpt`` after global step ``step``; the process dies right after writing it).
     """
@@ -287,6 +291,11 @@ class CrashPoint:
     batch: int | None = None
     step: int = 0
     every: int = 1
+
+    @property
+    def inside_training_step(self) -> bool:
+        """Written after training_step ran but before the batch finished: Lightning runs that batch again."""
+        return self.hook in ("before_backward", "after_backward", "before_optimizer_step", "exception")
 
 
 class CrashCallback(L.Callback):
@@ -303,6 +312,27 @@ class CrashCallback(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.point.hook == "train_batch_end" and self._here(trainer, batch_idx):
+            self._save_and_crash(trainer)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self.point.hook == "train_batch_start" and self._here(trainer, batch_idx):
+            self._save_and_crash(trainer)
+
+    def _in_batch(self, trainer: L.Trainer, hook: str) -> None:
+        if self.point.hook == hook and self._here(trainer, trainer.fit_loop.epoch_loop.batch_idx):
+            self._save_and_crash(trainer)
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: Any, loss: Any) -> None:
+        self._in_batch(trainer, "before_backward")
+
+    def on_after_backward(self, trainer: L.Trainer, pl_module: Any) -> None:
+        self._in_batch(trainer, "after_backward")
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: Any, optimizer: Any) -> None:
+        self._in_batch(trainer, "before_optimizer_step")
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        if self.point.hook == "train_epoch_start" and trainer.current_epoch == self.point.epoch:
             self._save_and_crash(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: Any) -> None:
@@ -351,8 +381,10 @@ def run(
     callbacks: list[L.Callback] = [MidEpochResume()] if callback else []
     checkpoint_dir = tmp_path / "checkpoints"
     if crash is not None:
-        path = checkpoint_dir / ("last.ckpt" if crash.hook == "model_checkpoint" else "crash.ckpt")
+        path = checkpoint_path(tmp_path, crash)
         callbacks.append(CrashCallback(crash, path))
+        if crash.hook == "exception":  # the model raises in training_step; OnExceptionCheckpoint writes a checkpoint
+            callbacks.append(OnExceptionCheckpoint(dirpath=checkpoint_dir))
         if crash.hook == "model_checkpoint":
             callbacks.append(
                 CrashingModelCheckpoint(
@@ -366,7 +398,7 @@ def run(
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        enable_checkpointing=any(isinstance(callback, ModelCheckpoint) for callback in callbacks),
+        enable_checkpointing=any(isinstance(callback, Checkpoint) for callback in callbacks),
         num_sanity_val_steps=0,
         deterministic=True,
         callbacks=callbacks,
@@ -374,6 +406,8 @@ def run(
         **config.trainer_kwargs(),
     )
     crashed = False
+    if crash is not None and crash.hook == "exception":
+        model.raise_at = (crash.epoch, crash.batch)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
         warnings.filterwarnings("ignore", message=".*The number of training batches.*")
@@ -386,7 +420,8 @@ def run(
 
 
 def checkpoint_path(tmp_path: Path, crash: CrashPoint) -> Path:
-    return tmp_path / "checkpoints" / ("last.ckpt" if crash.hook == "model_checkpoint" else "crash.ckpt")
+    names = {"model_checkpoint": "last.ckpt", "exception": "on_exception.ckpt"}
+    return tmp_path / "checkpoints" / names.get(crash.hook, "crash.ckpt")
 
 
 @dataclass
@@ -401,6 +436,8 @@ def interrupt_and_resume(config: Config, crash: CrashPoint, tmp_path: Path, *, c
     full = run(config, tmp_path / "full", callback=callback)
     interrupted = run(config, tmp_path / "interrupted", callback=callback, crash=crash)
     assert interrupted.crashed, f"the run never reached {crash}"
+    if crash.inside_training_step:  # that batch is not in the checkpoint; the resumed run trains it
+        interrupted.model.seen.pop()
     ckpt = checkpoint_path(tmp_path / "interrupted", crash)
     resumed = run(config, tmp_path / "resumed", callback=callback, ckpt_path=ckpt, seed=2)
     return Comparison(full, interrupted, resumed)

@@ -199,3 +199,24 @@ def test_resume_anywhere(config, data, tmp_path_factory):
     batch = data.draw(st.integers(0, batches - 1), label="batch") if hook == "train_batch_end" else None
     tmp_path = tmp_path_factory.mktemp("resume")
     assert_exact(interrupt_and_resume(config, CrashPoint(hook, epoch, batch), tmp_path))
+
+
+@pytest.mark.parametrize(
+    "crash",
+    [
+        CrashPoint("train_batch_start", epoch=1, batch=3),
+        CrashPoint("train_batch_start", epoch=1, batch=0),
+        CrashPoint("before_backward", epoch=1, batch=3),
+        CrashPoint("after_backward", epoch=1, batch=3),
+        CrashPoint("before_optimizer_step", epoch=1, batch=9),
+        CrashPoint("train_epoch_start", epoch=1),
+        CrashPoint("train_epoch_start", epoch=0),
+        CrashPoint("exception", epoch=1, batch=4),
+    ],
+    ids=repr,
+)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_checkpoint_written_in_any_hook(crash, num_workers, tmp_path):
+    """Lightning runs the interrupted batch (or epoch start) again: it starts from the states it started with."""
+    config = Config(num_workers=num_workers, hook_draws=False)  # numpy/python are restored as of the checkpoint
+    assert_exact(interrupt_and_resume(config, crash, tmp_path))

@@ -51,6 +51,19 @@ class _ResumableDataFetcher(_DataFetcherBase):
         self._midepoch.before_fetch()
         self.__dict__.get("_midepoch_start_profiler", _nothing)()
 
+    # ... and `_stop_profiler` right after it: where a batch starts, for a checkpoint written in its middle
+    @property
+    def _stop_profiler(self) -> Callable[[], None]:
+        return self._midepoch_after_fetch
+
+    @_stop_profiler.setter
+    def _stop_profiler(self, stop: Callable[[], None]) -> None:
+        self.__dict__["_midepoch_stop_profiler"] = stop
+
+    def _midepoch_after_fetch(self) -> None:
+        self.__dict__.get("_midepoch_stop_profiler", _nothing)()
+        self._midepoch.after_fetch()
+
     @override
     def setup(self, combined_loader: CombinedLoader) -> None:
         super().setup(combined_loader)

@@ -8,6 +8,8 @@ classes themselves are never changed. What they change with respect to stock Lig
 * A checkpoint written in ``on_train_batch_end`` interrupted the rest of that batch (the validation due after it,
   the step-interval plateau schedulers): stock Lightning skips it, and at an epoch's last batch also skips the
   epoch's end. Here the loop finishes that batch, and that epoch, as the uninterrupted run did.
+* A checkpoint written in ``on_train_epoch_start`` starts that epoch afresh (stock Lightning first replays the
+  previous epoch's last batch position and numbers the epoch one too high).
 * The random states and partial gradients saved with the checkpoint are restored before the epoch continues.
 * The stock "dataloader is not resumable" warning is not given: this path is supported.
 
@@ -79,11 +81,16 @@ class _ResumableFitLoop(_FitLoopBase):
         finally:
             if finish_epoch:
                 progress.is_last_batch = True
+        if self.restarted_on_epoch_start:
+            # a checkpoint from on_train_epoch_start: the batch progress it holds is the previous epoch's, and
+            # stock Lightning would "finish" that epoch a second time. The epoch loop starts this epoch afresh.
+            self.epoch_loop.restarting = False
 
     @override
     def on_advance_start(self) -> None:
         # before on_train_epoch_start: a new epoch's hooks and order draw from the states the checkpoint recorded
         self._midepoch.restore_live_state()
+        self._midepoch.epoch_started()
         super().on_advance_start()
 
 

@@ -77,6 +77,10 @@ class _Session:
         # iterable datasets that save their own position: their states before each of the latest fetches
         self._dataset_history: dict[int, deque[Any]] = {}
         self._originals: list[tuple[object, type]] = []
+        # where Lightning re-runs work after a resume: the states it must start from again
+        self._epoch_start: dict[str, Any] | None = None  # before on_train_epoch_start
+        self._batch_start: dict[str, Any] | None = None  # torch's generators after the batch was fetched
+        self.backward_done = False  # the current batch's backward has run
 
     # ------------------------------------------------------------------ installing
     def install(self) -> None:
@@ -117,6 +121,15 @@ class _Session:
         """An iterable dataset in the main process that saves its own position (``state_dict``)."""
         dataset = getattr(loader, "dataset", None)
         return S.loader_kind(loader) == S.KIND_ITERABLE and S.is_stateful(dataset) and loader.num_workers == 0
+
+    def epoch_started(self) -> None:
+        """Called before each epoch's ``on_train_epoch_start`` (and sampler epoch)."""
+        self._epoch_start = _rng.capture_global(include_cuda=True)
+
+    def after_fetch(self) -> None:
+        """Called right after every fetch: the batch starts (reading torch's states costs about a microsecond)."""
+        self._batch_start = _rng.capture_torch()
+        self.backward_done = False
 
     def before_fetch(self) -> None:
         """Called right before every fetch from the train loaders."""
@@ -159,7 +172,7 @@ class _Session:
             for recorder in self.recorders
         ]
         rank_state = {
-            S.KEY_RNG: _rng.capture_global(include_cuda=True),
+            S.KEY_RNG: self._live_states(),
             S.KEY_PASSES: passes,
             S.KEY_GENERATORS: [
                 _rng.capture_objects(recorder.rng_objects) if recorder is not None else None
@@ -194,6 +207,29 @@ class _Session:
         if pending and len(history) >= pending:
             return history[-pending]
         return self.loaders[index].dataset.state_dict()
+
+    def _live_states(self) -> dict[str, Any]:
+        """The states the resumed run continues from: now, unless Lightning will re-run what is in progress."""
+        live = _rng.capture_global(include_cuda=True)
+        fit_loop = self.trainer.fit_loop
+        epoch = fit_loop.epoch_progress.current
+        batch = fit_loop.epoch_loop.batch_progress.current
+        if epoch.started < epoch.ready and self._epoch_start is not None:
+            # written inside on_train_epoch_start: a resumed run runs the epoch's start again
+            return self._epoch_start
+        if batch.processed < batch.ready and self._batch_start is not None:
+            # written inside a batch (on_train_batch_start, training_step, backward, optimizer step): a resumed run
+            # runs the batch again, from the torch states it started with
+            if self.backward_done and self.trainer.fit_loop.epoch_loop._should_accumulate():
+                _compat.warn(
+                    "A checkpoint was written after the backward pass of a batch inside a gradient accumulation"
+                    " group. Resuming it runs that batch again and adds its gradients a second time: the resumed run"
+                    " will differ slightly. Write checkpoints in on_train_batch_end (as ModelCheckpoint does).",
+                    self.trainer,
+                    self._warned,
+                )
+            return {**live, **self._batch_start}
+        return live
 
     def _partial_grads(self) -> dict[str, torch.Tensor] | None:
         """Gradients accumulated so far in an unfinished accumulation group (not in Lightning's checkpoint)."""

@@ -71,6 +71,7 @@ class MidEpochResume(_CallbackBase):
         if stage != "fit":
             return
         _compat.check_supported(trainer)
+        self._uninstall()  # left installed by a fit that ended with an exception
         self._session = _Session(trainer, self.on_mismatch)
         self._session.install()
 
@@ -82,11 +83,12 @@ class MidEpochResume(_CallbackBase):
             self._session.restore_live_state()
 
     @override
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._uninstall()
+    def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._session is not None:
+            self._session.backward_done = True
 
     @override
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._uninstall()
 
     def _uninstall(self) -> None:

@@ -279,11 +279,15 @@ class CrashingModelCheckpoint(ModelCheckpoint):
 class CrashPoint:
     """Where the interrupted run writes a checkpoint and dies.
 
-    ``hook`` is ``exception`` (``training_step`` raises, ``OnExceptionCheckpoint`` writes the checkpoint) or one of ``train_batch_end`` (a ``trainer.save_checkpoint`` in ``on_train_batch_end`` of batch
-    ``batch``), ``train_batch_start``, ``before_backward``, ``after_backward``, ``before_optimizer_step`` (inside
-    that batch), ``train_epoch_start``, ``train_epoch_end``, ``validation_end`` (the validation after batch ``batch``, or at the epoch's end
-    when ``batch`` is None) and ``model_checkpoint`` (``ModelCheckpoint(every_n_train_steps=every)`` wrote
-    ``last.ckpt`` after global step ``step``; the process dies right after writing it).
+    ``hook`` names where the checkpoint is written, at epoch ``epoch`` and batch ``batch``:
+
+    * ``train_batch_end``, ``train_batch_start``, ``before_backward``, ``after_backward``,
+      ``before_optimizer_step``, ``train_epoch_start``, ``train_epoch_end``: ``trainer.save_checkpoint`` in that
+      callback hook;
+    * ``validation_end``: after the validation that follows batch ``batch`` (at the epoch's end when None);
+    * ``model_checkpoint``: ``ModelCheckpoint(every_n_train_steps=every)`` wrote ``last.ckpt`` after global step
+      ``step``, and the process dies right after writing it;
+    * ``exception``: ``training_step`` raises and ``OnExceptionCheckpoint`` writes the checkpoint.
     """
 
     hook: str

@@ -213,11 +213,11 @@ class _Session:
         live = _rng.capture_global(include_cuda=True)
         fit_loop = self.trainer.fit_loop
         epoch = fit_loop.epoch_progress.current
-        batch = fit_loop.epoch_loop.batch_progress.current
-        if epoch.started < epoch.ready and self._epoch_start is not None:
+        batch = fit_loop.epoch_loop.batch_progress.current  # _BatchProgress's trackers count each stage
+        if epoch.started < epoch.ready and self._epoch_start is not None:  # type: ignore[attr-defined]
             # written inside on_train_epoch_start: a resumed run runs the epoch's start again
             return self._epoch_start
-        if batch.processed < batch.ready and self._batch_start is not None:
+        if batch.processed < batch.ready and self._batch_start is not None:  # type: ignore[attr-defined]
             # written inside a batch (on_train_batch_start, training_step, backward, optimizer step): a resumed run
             # runs the batch again, from the torch states it started with
             if self.backward_done and self.trainer.fit_loop.epoch_loop._should_accumulate():

@@ -208,3 +208,26 @@ def test_iterable_dataset(stateful, tmp_path):
     with pytest.warns(UserWarning, match="CountingIterable"):
         comparison = interrupt_and_resume(config, MID, tmp_path)
     assert comparison.resumed.trainer.current_epoch == config.max_epochs
+
+
+class _IteratesTheTrainLoader(L.Callback):
+    """A user's callback that iterates the train loader itself in the middle of an epoch."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx == 1:
+            sum(len(ids) for ids, _, _ in trainer.train_dataloader)
+
+
+def test_iterating_the_train_loader_outside_the_loop_is_not_recorded(tmp_path):
+    config = Config(hook_draws=False)
+    extra = [_IteratesTheTrainLoader()]
+    full = run(config, tmp_path / "full", extra_callbacks=extra)
+    interrupted = run(config, tmp_path / "interrupted", crash=MID, extra_callbacks=extra)
+    resumed = run(
+        config,
+        tmp_path / "resumed",
+        ckpt_path=checkpoint_path(tmp_path / "interrupted", MID),
+        seed=2,
+        extra_callbacks=extra,
+    )
+    assert interrupted.seen + resumed.seen == full.seen

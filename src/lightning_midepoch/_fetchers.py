@@ -81,4 +81,8 @@ class _ResumableDataFetcher(_DataFetcherBase):
             self.reset()
             return self
         session.start_epoch()
-        return super().__iter__()
+        session.fetching = True
+        try:
+            return super().__iter__()
+        finally:
+            session.fetching = False

@@ -81,18 +81,34 @@ class _IndexSamplerRecorder:
     Attribute access, ``len()`` and ``isinstance`` are forwarded to the wrapped sampler.
     """
 
-    __slots__ = ("_midepoch_epoch_fn", "_midepoch_inner", "_midepoch_rng_objects", "_replay", "passes", "record")
+    __slots__ = (
+        "_midepoch_epoch_fn",
+        "_midepoch_inner",
+        "_midepoch_observing",
+        "_midepoch_rng_objects",
+        "_replay",
+        "passes",
+        "record",
+    )
     _midepoch_inner: Any
     _midepoch_rng_objects: dict[str, Any]
     _midepoch_epoch_fn: Callable[[], int]
+    _midepoch_observing: Callable[[], bool]
     record: _PassRecord | None
     passes: int
     _replay: _Replay | None
 
-    def __init__(self, inner: Any, rng_objects: dict[str, Any], epoch_fn: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        rng_objects: dict[str, Any],
+        epoch_fn: Callable[[], int],
+        observing: Callable[[], bool] = lambda: True,
+    ) -> None:
         object.__setattr__(self, "_midepoch_inner", inner)
         object.__setattr__(self, "_midepoch_rng_objects", rng_objects)
         object.__setattr__(self, "_midepoch_epoch_fn", epoch_fn)
+        object.__setattr__(self, "_midepoch_observing", observing)  # only the training loop's passes are recorded
         object.__setattr__(self, "record", None)  # the current pass
         object.__setattr__(self, "passes", 0)  # passes started since the epoch's loader iterator was created
         object.__setattr__(self, "_replay", None)
@@ -141,6 +157,8 @@ class _IndexSamplerRecorder:
 
     def __iter__(self) -> Iterator[Any]:
         replay = self._replay
+        if replay is None and not self._midepoch_observing():
+            return iter(self._midepoch_inner)  # iterated outside the training loop: not the epoch's order
         if replay is None:
             record = _PassRecord(self._midepoch_epoch_fn(), self.passes, _capture(self._midepoch_rng_objects))
             self.record = record

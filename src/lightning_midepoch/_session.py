@@ -81,6 +81,7 @@ class _Session:
         self._epoch_start: dict[str, Any] | None = None  # before on_train_epoch_start
         self._batch_start: dict[str, Any] | None = None  # torch's generators after the batch was fetched
         self.backward_done = False  # the current batch's backward has run
+        self.fetching = False  # the training loop is creating or advancing its train iterator
 
     # ------------------------------------------------------------------ installing
     def install(self) -> None:
@@ -130,9 +131,11 @@ class _Session:
         """Called right after every fetch: the batch starts (reading torch's states costs about a microsecond)."""
         self._batch_start = _rng.capture_torch()
         self.backward_done = False
+        self.fetching = False
 
     def before_fetch(self) -> None:
         """Called right before every fetch from the train loaders."""
+        self.fetching = True
         for index, history in self._dataset_history.items():
             history.append(self.loaders[index].dataset.state_dict())
 
@@ -144,7 +147,9 @@ class _Session:
         if isinstance(inner, _IndexSamplerRecorder):
             return inner
         rng_objects = _rng.find_rng_objects({"loader": loader, "index_sampler": inner})
-        recorder = _IndexSamplerRecorder(inner, rng_objects, lambda: self.trainer.current_epoch)
+        recorder = _IndexSamplerRecorder(
+            inner, rng_objects, lambda: self.trainer.current_epoch, observing=lambda: self.fetching
+        )
         # DataLoader forbids reassigning its samplers after __init__; the recorder forwards everything to the original
         object.__setattr__(loader, attribute, recorder)
         return recorder

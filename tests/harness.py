@@ -30,7 +30,7 @@ LOADERS = (
     "sequential",  # shuffle=False
     "sampler_generator",  # RandomSampler(generator=...)
     "loader_generator",  # DataLoader(shuffle=True, generator=...)
-    "distributed",  # an explicit DistributedSampler using set_epoch
+    "distributed",  # an explicit DistributedSampler using set_epoch (sharded over the trainer's devices)
     "batch_sampler_numpy",  # a user's batch sampler drawing from numpy when iter() is called
     "batch_sampler_python",  # ... from python's random at the first next()
     "batch_sampler_torch",  # ... from the global torch RNG at the first next()
@@ -153,7 +153,8 @@ class Config:
             generator = torch.Generator().manual_seed(11)
             return DataLoader(dataset, shuffle=True, generator=generator, **batching, **common)
         if self.loader == "distributed":
-            sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=5)
+            world_size, rank = model.trainer.world_size, model.trainer.global_rank
+            sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=5)
             return DataLoader(dataset, sampler=sampler, **batching, **common)
         if self.loader.startswith("batch_sampler_"):
             batch_sampler = ShuffledBatches(len(dataset), self.batch_size, self.loader.rsplit("_", 1)[1])

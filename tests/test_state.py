@@ -32,9 +32,11 @@ def test_saved_structure(tmp_path):
         "fetched",
         "world_size",
         "mode",
+        "elastic",
         "loaders",
         "ranks",
     }
+    assert state["elastic"] is None
     assert state["version"] == S.STATE_VERSION == 1
     assert (state["epoch"], state["fetched"], state["world_size"], state["mode"]) == (1, 4, 1, "max_size_cycle")
     assert state["loaders"] == [
@@ -46,6 +48,7 @@ def test_saved_structure(tmp_path):
             "drop_last": False,
             "order": "BatchSampler over RandomSampler (global torch RNG)",
             "seed_determined": False,
+            "global_order": {"kind": "random", "own_generator": False, "batch_drop_last": False},
         }
     ]
     (rank,) = state["ranks"]
@@ -112,10 +115,45 @@ def test_check_loaders_accepts_the_same_and_ignores_non_map_details():
     S.check_loaders([_facts(kind="stateful", batch_size=1)], [_facts(kind="stateful", batch_size=2)], FIX)
 
 
-def test_check_world_size():
-    S.check_world_size(2, 2, FIX)
-    with pytest.raises(MidEpochResumeError, match="world size of 2 but the current run has a world size of 1"):
-        S.check_world_size(2, 1, FIX)
+def _distributed_facts(**changes):
+    sampler = DistributedSampler(range(20), num_replicas=2, rank=0, seed=3)
+    facts = S.loader_facts(DataLoader(range(20), batch_size=2, sampler=sampler))
+    facts.update(changes)
+    return facts
+
+
+@pytest.mark.parametrize(
+    ("saved", "saved_world_size", "message"),
+    [
+        ([_distributed_facts(), _distributed_facts()], 2, "it has 2 train dataloaders"),
+        ([_distributed_facts(kind="iterable")], 2, "its train dataloader is of kind 'iterable'"),
+        (
+            [_distributed_facts(global_order=None, order="MySampler (custom)")],
+            2,
+            r"its train dataloader's order \(MySampler \(custom\)\) has no global order",
+        ),
+        ([_facts()], 2, "its 2 ranks did not shard one order with a DistributedSampler"),
+    ],
+)
+def test_check_elastic_rejects(saved, saved_world_size, message):
+    with pytest.raises(
+        MidEpochResumeError,
+        match=f"world size of {saved_world_size} but the current run has a world"
+        f" size of 1, and that epoch cannot be re-sharded: {message}",
+    ):
+        S.check_elastic(saved, saved_world_size, 1, FIX)
+
+
+@pytest.mark.parametrize(("saved", "saved_world_size"), [([_distributed_facts()], 2), ([_facts()], 1)])
+def test_check_elastic_accepts(saved, saved_world_size):
+    S.check_elastic(saved, saved_world_size, 3, FIX)
+
+
+def test_facts_that_depend_on_the_world_size_are_compared_only_on_the_same_world_size():
+    saved, current = [_distributed_facts()], [_facts(num_batches=20)]
+    S.check_loaders(saved, current, FIX, same_world_size=False)
+    with pytest.raises(MidEpochResumeError, match="5 batches per epoch"):
+        S.check_loaders(saved, current, FIX)
 
 
 @pytest.mark.parametrize(
@@ -143,12 +181,12 @@ def test_migrate_current():
         (RandomSampler(range(3), generator=torch.Generator()), "RandomSampler (own generator)", False),
         (
             DistributedSampler(range(3), num_replicas=2, rank=1, seed=4),
-            "DistributedSampler (seed 4 + epoch, rank 1 of 2)",
+            "DistributedSampler (seed 4 + epoch)",
             True,
         ),
         (
             DistributedSampler(range(3), num_replicas=2, rank=0, shuffle=False),
-            "DistributedSampler (fixed order, rank 0 of 2)",
+            "DistributedSampler (fixed order)",
             True,
         ),
         (

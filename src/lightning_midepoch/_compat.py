@@ -127,6 +127,28 @@ def set_batch_index(combined_loader: CombinedLoader, batch_idx: int) -> None:
         iterator._idx = batch_idx
 
 
+def move_batch_progress(progress: Any, ready: int) -> None:
+    """Set the epoch loop's batch progress of the current epoch to ``ready`` finished batches (totals shift along)."""
+    delta = ready - progress.current.ready
+    for tracker, value in ((progress.current, None), (progress.total, delta)):
+        for name in ("ready", "started", "processed", "completed"):
+            setattr(tracker, name, ready if value is None else getattr(tracker, name) + value)
+
+
+def interrupted(trainer: Trainer) -> bool:
+    """Whether the trainer is handling an exception (Lightning sets its status before calling ``on_exception``)."""
+    return str(getattr(trainer.state.status, "value", trainer.state.status)) == "interrupted"
+
+
+def info(message: str, trainer: object) -> None:
+    """Log an informational message on rank zero through Lightning's channel."""
+    package = namespace(trainer)
+    rank_zero = importlib.import_module(
+        "lightning.pytorch.utilities.rank_zero" if package == "lightning" else "pytorch_lightning.utilities.rank_zero"
+    )
+    rank_zero.rank_zero_info(message)
+
+
 def combined_mode(combined_loader: CombinedLoader) -> str:
     """The CombinedLoader's mode (``"max_size_cycle"`` for the loader Lightning builds around a plain one)."""
     return str(combined_loader._mode)

@@ -64,6 +64,7 @@ class _Replay:
     index: int  # the pass's index within the epoch
     live: bool = False  # draw from the live states (a new epoch), only keeping them still across iter() calls
     at_iter: dict[str, Any] | None = None  # with no record: the states at the first iter() call
+    batches: list[Any] | None = None  # the pass's items, given (an epoch finished on another number of devices)
 
 
 def _capture(rng_objects: dict[str, Any]) -> dict[str, Any]:
@@ -163,6 +164,9 @@ class _IndexSamplerRecorder:
             record = _PassRecord(self._midepoch_epoch_fn(), self.passes, _capture(self._midepoch_rng_objects))
             self.record = record
             return self._observe(iter(self._midepoch_inner), record)
+        if replay.batches is not None:
+            self.record = _PassRecord(self._midepoch_epoch_fn(), replay.index, _capture(self._midepoch_rng_objects))
+            return iter(list(replay.batches))
         # Armed after a resume. A DataLoader iterator with workers calls iter() twice (the first result is dropped)
         # and draws its worker base seed in between: every call starts from the same states, so the pass that is
         # used draws from exactly the states the original pass drew from.

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from lightning_midepoch import _compat, _rng
+from lightning_midepoch import _compat, _elastic, _rng
 from lightning_midepoch import _state as S
 from lightning_midepoch.__about__ import __version__
 from lightning_midepoch._fetchers import _ResumableDataFetcher
@@ -82,6 +82,7 @@ class _Session:
         self._batch_start: dict[str, Any] | None = None  # torch's generators after the batch was fetched
         self.backward_done = False  # the current batch's backward has run
         self.fetching = False  # the training loop is creating or advancing its train iterator
+        self._elastic: dict[str, Any] | None = None  # the epoch being finished on another world size
 
     # ------------------------------------------------------------------ installing
     def install(self) -> None:
@@ -199,6 +200,7 @@ class _Session:
             S.KEY_FETCHED: fetched,
             S.KEY_WORLD_SIZE: trainer.world_size,
             S.KEY_MODE: _compat.combined_mode(self.combined_loader) if self.combined_loader is not None else "",
+            S.KEY_ELASTIC: self._elastic if self._elastic and self._elastic["epoch"] == trainer.current_epoch else None,
             S.KEY_LOADERS: [S.loader_facts(loader) for loader in loaders],
             S.KEY_RANKS: self._gather(rank_state),
         }
@@ -244,10 +246,18 @@ class _Session:
         grads = {name: p.grad.detach().cpu().clone() for name, p in module.named_parameters() if p.grad is not None}
         return grads or None
 
-    def _gather(self, rank_state: dict[str, Any]) -> list[dict[str, Any]]:
-        world_size = self.trainer.world_size
+    def _gather(self, rank_state: dict[str, Any]) -> list[dict[str, Any] | None]:
+        """Every rank's state, in global rank order (Lightning writes the checkpoint from rank 0 only)."""
+        trainer = self.trainer
+        world_size = trainer.world_size
         if world_size == 1 or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             return [rank_state]
+        if _compat.interrupted(trainer):
+            # written while handling an exception (OnExceptionCheckpoint): the other ranks may not be here to
+            # exchange states, so each rank's checkpoint holds its own only
+            states: list[dict[str, Any] | None] = [None] * world_size
+            states[trainer.global_rank] = rank_state
+            return states
         gathered: list[Any] = [None] * world_size
         torch.distributed.all_gather_object(gathered, rank_state)
         return gathered
@@ -257,12 +267,16 @@ class _Session:
         self.loaded = S.migrate(state)
         self._live_pending = True
 
-    def _rank_state(self) -> Mapping[str, Any] | None:
+    def _rank_state(self, rank: int | None = None) -> Mapping[str, Any] | None:
         if self.loaded is None:
             return None
         ranks = self.loaded[S.KEY_RANKS]
-        rank = self.trainer.global_rank
+        rank = self.trainer.global_rank if rank is None else rank
         return ranks[rank] if rank < len(ranks) else None
+
+    @property
+    def _elastic_resume(self) -> bool:
+        return self.loaded is not None and self.loaded.get(S.KEY_WORLD_SIZE, 1) != self.trainer.world_size
 
     def restore_live_state(self) -> None:
         """Restore the random states and partial gradients saved with the checkpoint (once, on the first epoch)."""
@@ -275,7 +289,14 @@ class _Session:
         _rng.restore_global(rank_state[S.KEY_RNG])
         self._restore_loader_generators(rank_state)
         grads = rank_state.get(S.KEY_GRADS)
-        if grads:
+        if grads and self._elastic_resume:
+            _compat.warn(
+                "The checkpoint was written inside a gradient accumulation group on another number of devices: the"
+                " gradients accumulated so far are dropped and the group restarts on the new devices.",
+                self.trainer,
+                self._warned,
+            )
+        elif grads:
             for name, parameter in self.trainer.lightning_module.named_parameters():
                 if name in grads:
                     parameter.grad = grads[name].to(device=parameter.device, dtype=parameter.dtype)
@@ -305,8 +326,12 @@ class _Session:
             # a new epoch: its order is drawn now from the live states, exactly as in the uninterrupted run
             self._build(fetcher, {i: _Replay(None, 0, 0, live=True) for i in self._rewound_loaders(epoch)})
             return
-        if self.loaded is not None and not self._matches_checkpoint():
+        plan = self._check_checkpoint() if self.loaded is not None else "exact"
+        if plan == "restart":
             iter(fetcher)  # on_mismatch="restart_epoch": continue as stock Lightning does
+            return
+        if plan == "elastic":
+            self._start_elastic_epoch(epoch_loop, fetcher, consumed)
             return
         self._restore_dataset_states(rank_state)
         mode = _compat.combined_mode(self.combined_loader)  # type: ignore[arg-type]
@@ -357,13 +382,17 @@ class _Session:
             for index in replays:
                 self.recorders[index].disarm()  # type: ignore[union-attr]
 
-    def _matches_checkpoint(self) -> bool:
+    def _check_checkpoint(self) -> str:
+        """How the interrupted epoch continues: ``"exact"``, ``"elastic"`` or ``"restart"`` (the opt-out)."""
         assert self.loaded is not None
         fix = 'pass `MidEpochResume(on_mismatch="restart_epoch")` to continue the epoch from a fresh order'
         current = [S.loader_facts(loader) for loader in self.loaders]
+        saved_world_size = self.loaded[S.KEY_WORLD_SIZE]
+        elastic = bool(self.loaded.get(S.KEY_ELASTIC)) or saved_world_size != self.trainer.world_size
         try:
-            S.check_world_size(self.loaded[S.KEY_WORLD_SIZE], self.trainer.world_size, fix)
-            S.check_loaders(self.loaded[S.KEY_LOADERS], current, fix)
+            S.check_loaders(self.loaded[S.KEY_LOADERS], current, fix, same_world_size=not elastic)
+            if elastic:
+                S.check_elastic(self.loaded[S.KEY_LOADERS], saved_world_size, self.trainer.world_size, fix)
         except S.MidEpochResumeError as error:
             if self.on_mismatch == "raise":
                 raise
@@ -373,8 +402,64 @@ class _Session:
                 self.trainer,
                 self._warned,
             )
-            return False
-        return True
+            return "restart"
+        return "elastic" if elastic else "exact"
+
+    def _start_elastic_epoch(self, epoch_loop: _TrainingEpochLoop, fetcher: _DataFetcher, consumed: int) -> None:
+        """Finish the interrupted epoch on this world size: every sample it had not consumed, laid out over the ranks.
+
+        The remaining batches are the epoch's last ones: the batch index continues so that the epoch still ends
+        after ``len(train_dataloader)`` batches.
+        """
+        assert self.loaded is not None
+        trainer = self.trainer
+        loader, recorder = self.loaders[0], self.recorders[0]
+        assert recorder is not None
+        previous = self.loaded.get(S.KEY_ELASTIC)
+        if previous and previous["epoch"] == trainer.current_epoch:
+            # this epoch was already resumed elastically: its last phase consumed (consumed - offset) batches
+            current = previous["current"]
+            phase = {**current, "consumed": (consumed - current["batch_offset"]) * current["batch_size"]}
+            elastic = {**previous, "phases": [*previous["phases"], phase]}
+        else:
+            facts = self.loaded[S.KEY_LOADERS][0]
+            spec = facts["global_order"]
+            batch_size = facts["batch_size"] or 1
+            rank0 = self._rank_state(0)
+            phase = {
+                "world_size": self.loaded[S.KEY_WORLD_SIZE],
+                "drop_last": spec["kind"] == "distributed" and spec["drop_last"],
+                "batch_size": batch_size,
+                "batch_drop_last": spec["batch_drop_last"],
+                "consumed": consumed * batch_size,
+            }
+            elastic = {
+                "epoch": trainer.current_epoch,
+                "spec": spec,
+                "dataset_length": facts["dataset_length"],
+                "record": rank0[S.KEY_PASSES][0] if rank0 is not None else None,
+                "phases": [phase],
+            }
+        order = _elastic.global_order(elastic["spec"], elastic["dataset_length"], elastic["epoch"], elastic["record"])
+        left = _elastic.remaining(order, elastic["phases"])
+        layout = _elastic_layout(loader, trainer.world_size)
+        mine = _elastic.shard(left, trainer.global_rank, trainer.world_size, layout["drop_last"])
+        items: list[Any] = (
+            _elastic.batched(mine, layout["batch_size"], layout["batch_drop_last"])
+            if loader.batch_sampler is not None
+            else mine
+        )
+        offset = max(len(recorder) - len(items), 0)
+        self._elastic = {**elastic, "current": {**layout, "batch_offset": offset}}
+        _compat.move_batch_progress(epoch_loop.batch_progress, offset)
+        with _rng.isolated_global():
+            self._build(fetcher, {0: _Replay(None, 0, 0, batches=items)})
+        _compat.set_batch_index(self.combined_loader, offset)  # type: ignore[arg-type]
+        _compat.info(
+            f"Finishing epoch {trainer.current_epoch} on {trainer.world_size} device(s): {len(left)} samples were"
+            f" not consumed before the checkpoint; this rank trains {len(items)} batch(es) of them.",
+            trainer,
+        )
 
     def _restore_dataset_states(self, rank_state: Mapping[str, Any] | None) -> None:
         states = list(rank_state.get(S.KEY_DATASET_STATES, [])) if rank_state is not None else []
@@ -414,3 +499,19 @@ class _Session:
             self.trainer,
             self._warned,
         )
+
+
+def _elastic_layout(loader: Any, world_size: int) -> dict[str, Any]:
+    """How this run lays an epoch out over its ranks: the sampler's padding and the batch sampler's batches."""
+    inner = loader.batch_sampler.inner if loader.batch_sampler is not None else loader.sampler.inner
+    batch_size, batch_drop_last = 1, False
+    if loader.batch_sampler is not None:
+        batch_size, batch_drop_last = loader.batch_sampler.batch_size, bool(loader.batch_sampler.drop_last)
+        inner = inner.sampler
+    drop_last = bool(getattr(inner, "drop_last", False)) if world_size > 1 else False
+    return {
+        "world_size": world_size,
+        "drop_last": drop_last,
+        "batch_size": batch_size,
+        "batch_drop_last": batch_drop_last,
+    }

@@ -14,9 +14,13 @@ Layout (version 1)::
         "fetched": int,            # batches the train fetcher had handed to the loop in this epoch
         "world_size": int,
         "mode": str,               # CombinedLoader mode of the train loaders
+        "elastic": dict | None,    # an epoch being finished on another world size (see _elastic): its order spec,
+                                   # dataset_length, the pass record of a random order, completed "phases" and the
+                                   # "current" phase's layout and "batch_offset"
         "loaders": [               # one per flattened train loader, facts that must match on resume
             {"kind": "map" | "iterable" | "stateful", "dataset_length": int | None, "num_batches": int | None,
-             "batch_size": int | None, "drop_last": bool, "order": str, "seed_determined": bool},
+             "batch_size": int | None, "drop_last": bool, "order": str, "seed_determined": bool,
+             "global_order": dict | None},  # how the epoch's global order can be rebuilt (elastic resume)
         ],
         "ranks": [                 # indexed by global rank
             {"rng": {...},         # live process-wide states when saved (torch, cuda, numpy, python)
@@ -62,6 +66,7 @@ KEY_PASSES = "passes"
 KEY_GENERATORS = "generators"
 KEY_DATASET_STATES = "dataset_states"
 KEY_GRADS = "grads"
+KEY_ELASTIC = "elastic"
 
 KIND_MAP = "map"
 KIND_ITERABLE = "iterable"
@@ -123,11 +128,47 @@ def describe_order(sampler: Any) -> tuple[str, bool]:
     if isinstance(sampler, SequentialSampler):
         return f"{name} (fixed order)", True
     if isinstance(sampler, DistributedSampler):
-        how = f"seed {sampler.seed} + epoch" if sampler.shuffle else "fixed order"
-        return f"{name} ({how}, rank {sampler.rank} of {sampler.num_replicas})", True
+        return f"{name} ({f'seed {sampler.seed} + epoch' if sampler.shuffle else 'fixed order'})", True
     if isinstance(sampler, RandomSampler):
         return f"{name} ({'own generator' if sampler.generator is not None else 'global torch RNG'})", False
     return f"{name} (custom)", False
+
+
+def _stock(sampler: Any, cls: type) -> bool:
+    return isinstance(sampler, cls) and getattr(type(sampler), "__iter__", None) is getattr(cls, "__iter__", None)
+
+
+def global_order(index_sampler: Any) -> dict[str, Any] | None:
+    """How the epoch's global order can be rebuilt on another number of devices, or None if it cannot.
+
+    The global order is what all ranks together consume: a ``DistributedSampler``'s permutation (from its seed and
+    the epoch), or on a single device a sequential or random order (re-drawn from the recorded random states).
+
+    Example:
+        >>> global_order(BatchSampler(DistributedSampler(range(8), num_replicas=2, rank=0, seed=3), 2, False))
+        {'kind': 'distributed', 'seed': 3, 'shuffle': True, 'drop_last': False, 'batch_drop_last': False}
+        >>> global_order(BatchSampler(RandomSampler(range(8), replacement=True), 2, False)) is None
+        True
+
+    """
+    sampler = _unwrap(index_sampler)
+    batch_drop_last = False
+    if _stock(sampler, BatchSampler):
+        batch_drop_last = bool(sampler.drop_last)
+        sampler = sampler.sampler
+    if _stock(sampler, DistributedSampler):
+        return {
+            "kind": "distributed",
+            "seed": sampler.seed,
+            "shuffle": bool(sampler.shuffle),
+            "drop_last": bool(sampler.drop_last),
+            "batch_drop_last": batch_drop_last,
+        }
+    if _stock(sampler, SequentialSampler):
+        return {"kind": "sequential", "batch_drop_last": batch_drop_last}
+    if _stock(sampler, RandomSampler) and not sampler.replacement and sampler.num_samples == len(sampler.data_source):
+        return {"kind": "random", "own_generator": sampler.generator is not None, "batch_drop_last": batch_drop_last}
+    return None
 
 
 def loader_facts(loader: object) -> dict[str, Any]:
@@ -141,6 +182,7 @@ def loader_facts(loader: object) -> dict[str, Any]:
         "drop_last": False,
         "order": type(loader).__name__,
         "seed_determined": False,
+        "global_order": None,
     }
     if isinstance(loader, DataLoader):
         facts["batch_size"] = loader.batch_size
@@ -149,6 +191,7 @@ def loader_facts(loader: object) -> dict[str, Any]:
             facts["dataset_length"] = len(loader.dataset)  # type: ignore[arg-type]
             facts["num_batches"] = len(loader)
             facts["order"], facts["seed_determined"] = describe_order(index_sampler(loader))
+            facts["global_order"] = global_order(index_sampler(loader))
     return facts
 
 
@@ -161,13 +204,21 @@ _FACT_NAMES = {
 }
 
 
-def check_loaders(saved: Sequence[Mapping[str, Any]], current: Sequence[Mapping[str, Any]], fix: str) -> None:
+#: Facts that depend on the number of devices (the sampler Lightning injects, the batches per rank).
+_PER_WORLD_SIZE = ("num_batches", "order")
+
+
+def check_loaders(
+    saved: Sequence[Mapping[str, Any]], current: Sequence[Mapping[str, Any]], fix: str, same_world_size: bool = True
+) -> None:
     """Raise :class:`MidEpochResumeError` if the train loaders differ from the ones the checkpoint was saved with.
 
     Args:
         saved: Facts stored in the checkpoint, one per loader.
         current: Facts of the loaders now.
         fix: The opt-out to mention in the message.
+        same_world_size: Whether the run has as many devices as the one that saved; otherwise the facts that depend
+            on the number of devices are not compared.
 
     """
     if len(saved) != len(current):
@@ -185,6 +236,8 @@ def check_loaders(saved: Sequence[Mapping[str, Any]], current: Sequence[Mapping[
         if old["kind"] != KIND_MAP:
             continue
         for key, template in _FACT_NAMES.items():
+            if not same_world_size and key in _PER_WORLD_SIZE:
+                continue
             if old.get(key) != new.get(key):
                 raise MidEpochResumeError(
                     f"The checkpoint was saved with {where} having {template.format(old.get(key))} but the current"
@@ -193,12 +246,27 @@ def check_loaders(saved: Sequence[Mapping[str, Any]], current: Sequence[Mapping[
                 )
 
 
-def check_world_size(saved: int, current: int, fix: str) -> None:
-    """Raise :class:`MidEpochResumeError` if an epoch saved on ``saved`` processes is resumed on ``current``."""
-    if saved != current:
+def check_elastic(saved: Sequence[Mapping[str, Any]], saved_world_size: int, world_size: int, fix: str) -> None:
+    """Raise :class:`MidEpochResumeError` unless an interrupted epoch can be finished on another number of devices.
+
+    That takes a single map-style train loader whose epoch order can be rebuilt (see :func:`global_order`), sharded
+    by a ``DistributedSampler`` if it was saved on more than one device.
+    """
+    why = ""
+    spec = saved[0].get("global_order") if len(saved) == 1 else None
+    if len(saved) != 1:
+        why = f"it has {len(saved)} train dataloaders (only a single one can be re-sharded)"
+    elif saved[0]["kind"] != KIND_MAP:
+        why = f"its train dataloader is of kind {saved[0]['kind']!r}"
+    elif spec is None:
+        why = f"its train dataloader's order ({saved[0]['order']}) has no global order to re-shard"
+    elif saved_world_size > 1 and spec["kind"] != "distributed":
+        why = f"its {saved_world_size} ranks did not shard one order with a DistributedSampler ({saved[0]['order']})"
+    if why:
         raise MidEpochResumeError(
-            f"The checkpoint was saved in the middle of an epoch with a world size of {saved} but the current run"
-            f" has a world size of {current}. Resume on {saved} device(s), or {fix}."
+            f"The checkpoint was saved in the middle of an epoch with a world size of {saved_world_size} but the"
+            f" current run has a world size of {world_size}, and that epoch cannot be re-sharded: {why}."
+            f" Resume on {saved_world_size} device(s), or {fix}."
         )
 
 

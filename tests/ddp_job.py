@@ -18,11 +18,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import contextlib
 
-import lightning as L
 import numpy as np
 import torch
 
-from harness import Config, Crash, CrashCallback, CrashPoint, Model
+from harness import Config, Crash, CrashCallback, CrashPoint, L, Model
 from lightning_midepoch import MidEpochResume
 
 

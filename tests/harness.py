@@ -7,7 +7,9 @@ a process whose random states were scrambled on purpose, as a fresh process's wo
 
 from __future__ import annotations
 
+import importlib
 import math
+import os
 import random
 import warnings
 from collections.abc import Iterator
@@ -15,15 +17,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, OnExceptionCheckpoint
-from lightning.pytorch.utilities import CombinedLoader
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, Sampler
 
 from lightning_midepoch import MidEpochResume
+
+#: The Lightning namespace the Trainer-level tests run with (``make compat`` also runs them with pytorch_lightning).
+NAMESPACE = os.environ.get("MIDEPOCH_TEST_NAMESPACE", "lightning.pytorch")
+L = importlib.import_module(NAMESPACE)
+Checkpoint = importlib.import_module(f"{NAMESPACE}.callbacks").Checkpoint
+ModelCheckpoint = importlib.import_module(f"{NAMESPACE}.callbacks").ModelCheckpoint
+OnExceptionCheckpoint = importlib.import_module(f"{NAMESPACE}.callbacks").OnExceptionCheckpoint
+CombinedLoader = importlib.import_module(f"{NAMESPACE}.utilities").CombinedLoader
 
 LOADERS = (
     "shuffle",  # DataLoader(shuffle=True): RandomSampler drawing from the global torch RNG
@@ -417,7 +424,8 @@ def run(
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
         warnings.filterwarnings("ignore", message=".*The number of training batches.*")
         try:
-            trainer.fit(model, ckpt_path=ckpt_path, weights_only=weights_only)
+            # `weights_only` arrived in Lightning 2.6
+            trainer.fit(model, ckpt_path=ckpt_path, **({} if weights_only is None else {"weights_only": weights_only}))
         except Crash:
             crashed = True
     rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state()[1].copy(), "python": random.getstate()}

@@ -465,6 +465,8 @@ def resume_repeatedly(config: Config, crashes: list[CrashPoint], tmp_path: Path)
         directory = tmp_path / f"attempt{index}"
         runs.append(run(config, directory, crash=crash, ckpt_path=ckpt, seed=1 if ckpt is None else 10 + index))
         assert runs[-1].crashed, f"attempt {index} never reached {crash}"
+        if crash.inside_training_step:  # that batch is not in the checkpoint; the next attempt trains it
+            runs[-1].model.seen.pop()
         ckpt = checkpoint_path(directory, crash)
     resumed = run(config, tmp_path / "final", ckpt_path=ckpt, seed=99)
     interrupted = runs[0]

@@ -231,3 +231,24 @@ def test_iterating_the_train_loader_outside_the_loop_is_not_recorded(tmp_path):
         extra_callbacks=extra,
     )
     assert interrupted.seen + resumed.seen == full.seen
+
+
+def test_configured_from_a_lightning_cli_yaml(tmp_path):
+    """`trainer.callbacks: - class_path: lightning_midepoch.MidEpochResume` with typed init_args."""
+    from lightning.pytorch.cli import LightningCLI
+
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "trainer:\n"
+        "  logger: false\n"
+        "  callbacks:\n"
+        "    - class_path: lightning_midepoch.MidEpochResume\n"
+        "      init_args:\n"
+        "        on_mismatch: restart_epoch\n"
+    )
+    cli = LightningCLI(L.LightningModule, run=False, args=["--config", str(config)], save_config_callback=None)
+    (callback,) = [c for c in cli.trainer.callbacks if isinstance(c, MidEpochResume)]
+    assert callback.on_mismatch == "restart_epoch"
+    config.write_text(config.read_text().replace("restart_epoch", "ignore"))
+    with pytest.raises(SystemExit):
+        LightningCLI(L.LightningModule, run=False, args=["--config", str(config)], save_config_callback=None)

@@ -65,3 +65,25 @@ def test_stock_warning_suppressed_only_that_warning():
             )
             warnings.warn("something else", UserWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["something else"]
+
+
+def test_importing_the_package_changes_no_lightning_class():
+    """Lightning's classes stay untouched at import: compared attribute by attribute in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    script = (
+        "import lightning.pytorch as pl, pytorch_lightning as ptl\n"
+        "from lightning.pytorch.loops import fit_loop, training_epoch_loop, fetchers\n"
+        "from pytorch_lightning.loops import fit_loop as pfit\n"
+        "classes = [fit_loop._FitLoop, training_epoch_loop._TrainingEpochLoop, fetchers._DataFetcher,\n"
+        "           fetchers._PrefetchDataFetcher, pl.Trainer, pl.Callback, pfit._FitLoop, ptl.Trainer]\n"
+        "import torch.utils.data as data\n"
+        "classes += [data.DataLoader, data.BatchSampler, data.RandomSampler, data.DistributedSampler]\n"
+        "before = [dict(vars(c)) for c in classes]\n"
+        "import lightning_midepoch\n"
+        "assert [dict(vars(c)) for c in classes] == before\n"
+        "print('untouched')\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert completed.stdout.strip() == "untouched", completed.stderr[-2000:]

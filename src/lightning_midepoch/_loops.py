@@ -108,8 +108,15 @@ class _ResumableTrainingEpochLoop(_EpochLoopBase):
                 # stay in the interrupted epoch (stock Lightning would roll over into the next one)
                 progress.increment_completed()
                 self.reset_restart_stage()
+        restarting = self.restarting
         with _compat.stock_warning_suppressed():
             super().reset()
+        if restarting:
+            # Lightning rewinds this epoch's counters to the last completed batch but not the totals, which it reads
+            # to tell where the next checkpoint was written: after a resume from inside a batch they would stay one
+            # ahead, and that checkpoint would resume one batch early (training a batch twice)
+            total = self.batch_progress.total  # a _BatchProgress: its trackers count every stage
+            total.ready = total.started = total.processed = total.completed  # type: ignore[attr-defined]
 
     @override
     def on_run_start(self, data_fetcher: _DataFetcher) -> None:

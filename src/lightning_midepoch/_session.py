@@ -43,20 +43,6 @@ def _mix_in(obj: object, mixin: type) -> type:
     return original
 
 
-def _position(mode: str, consumed: int, length: int) -> tuple[int, int]:
-    """Which pass of a loader the epoch's ``consumed``-th batch came from, and how far into that pass it was.
-
-    In ``max_size_cycle`` mode a loader shorter than the epoch restarts when exhausted; a loader exactly exhausted at
-    the checkpoint is still in its finished pass (it restarts at the next fetch, as it would have).
-    """
-    if mode == "max_size_cycle" and length > 0 and consumed > 0:
-        index = (consumed - 1) // length
-        return index, consumed - index * length
-    if mode == "max_size":
-        return 0, min(consumed, length)
-    return 0, consumed
-
-
 class _Session:
     """The state and actions of mid-epoch resume for one trainer during one ``fit``."""
 
@@ -285,6 +271,14 @@ class _Session:
         self._live_pending = False
         rank_state = self._rank_state()
         if rank_state is None:
+            if self.loaded is not None and not self._elastic_resume and self.loaded.get(S.KEY_RANKS):
+                _compat.warn(
+                    f"The checkpoint holds no random states for rank {self.trainer.global_rank} (it was written while"
+                    " handling an exception, when the ranks could not exchange them): this rank continues with fresh"
+                    " random states. The data order is still exact.",
+                    self.trainer,
+                    self._warned,
+                )
             return
         _rng.restore_global(rank_state[S.KEY_RNG])
         self._restore_loader_generators(rank_state)
@@ -339,7 +333,7 @@ class _Session:
         for index, recorder in enumerate(self.recorders):
             if recorder is None:
                 continue
-            pass_index, skip = _position(mode, consumed, len(recorder))
+            pass_index, skip = S.loader_position(mode, consumed, len(recorder))
             record = records[index]
             replay_record = None
             if record is not None and record["epoch"] == epoch and record["index"] == pass_index:

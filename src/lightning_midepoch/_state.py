@@ -204,6 +204,20 @@ _FACT_NAMES = {
 }
 
 
+def loader_position(mode: str, consumed: int, length: int) -> tuple[int, int]:
+    """Which pass of a loader the epoch's ``consumed``-th batch came from, and how far into that pass it was.
+
+    In ``max_size_cycle`` mode a loader shorter than the epoch restarts when exhausted; a loader exactly exhausted at
+    the checkpoint is still in its finished pass (it restarts at the next fetch, as it would have).
+    """
+    if mode == "max_size_cycle" and length > 0 and consumed > 0:
+        index = (consumed - 1) // length
+        return index, consumed - index * length
+    if mode == "max_size":
+        return 0, min(consumed, length)
+    return 0, consumed
+
+
 #: Facts that depend on the number of devices (the sampler Lightning injects, the batches per rank).
 _PER_WORLD_SIZE = ("num_batches", "order")
 

@@ -1,0 +1,902 @@
+"""``lightning-midepoch inspect``: say where a checkpoint will resume, and how exactly, before resuming it.
+
+The checkpoint is read with Lightning's own loader (local paths and every fsspec URL Lightning accepts), weights-only
+unless the user trusts the file, and never written to. :func:`analyse` turns the loaded dict into a :class:`Report`
+without touching anything else, and :func:`render_text` / :func:`render_json` print it.
+
+Where the resumed run continues is worked out from Lightning's progress counters, the way Lightning's restart logic
+reads them (``_FitLoop.update_restart_stage`` and ``_TrainingEpochLoop.update_restart_stage``), assuming the resumed
+``Trainer`` has :class:`~lightning_midepoch.MidEpochResume` attached:
+
+* the epoch stage comes from the fit loop's *total* epoch progress (:func:`epoch_stage`): ``ready == started + 1``
+  means it was written in ``on_train_epoch_start`` (that epoch starts again); ``processed == completed + 1`` means it
+  was written at the epoch's end (``on_train_epoch_end``: the next epoch starts from its first batch); all four equal
+  means between epochs; ``processed == started - 1`` means inside an epoch;
+* inside an epoch, the batch counters of *this epoch* (:func:`batch_stage`) say where: ``ready == started ==
+  processed == completed + 1`` is ``on_train_batch_end`` (the resumed run finishes that batch, e.g. a validation due
+  after it, then continues with batch ``processed``); ``processed < ready`` is inside a batch (that batch runs again);
+  all four equal is after a batch completed (e.g. in the validation that followed it);
+* Lightning itself decides "written in ``on_train_batch_end``" from the *total* batch counters, and moves one batch
+  on only then (:func:`resume_point`). After an earlier resume from inside a batch those totals drift from this
+  epoch's counters; the report then says which batches Lightning will train twice or skip.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import io
+import json
+import pickle
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from packaging.version import Version
+from typing_extensions import TypeGuard
+
+from lightning_midepoch import _compat
+from lightning_midepoch import _state as S
+from lightning_midepoch.__about__ import __version__
+
+#: The version of the ``--json`` document; bumped only when a key is removed or changes meaning.
+JSON_SCHEMA_VERSION = 1
+#: Where Lightning stores the callback's state: its default ``state_key``, the class name.
+STATE_KEY = "MidEpochResume"
+
+EXACT = "exact"
+CAVEATS = "caveats"
+NOT_POSSIBLE = "not_possible"
+#: The exit status of ``inspect`` for each verdict; bad input (and a bad command line) exits with ``EXIT_BAD_INPUT``.
+EXIT_CODES = {EXACT: 0, CAVEATS: 1, NOT_POSSIBLE: 2}
+EXIT_BAD_INPUT = 3
+
+# where the checkpoint was written, from the loop progress (``ResumePoint.saved_at``)
+EPOCH_START = "epoch_start"
+MID_EPOCH = "mid_epoch"  # an epoch stage only; inside an epoch the batch stage says where
+BATCH_END = "batch_end"
+IN_BATCH = "in_batch"
+BETWEEN_BATCHES = "between_batches"
+EPOCH_END = "epoch_end"
+BETWEEN_EPOCHS = "between_epochs"
+UNKNOWN = "unknown"
+
+# how a train dataloader continues (``LoaderReport.continues``)
+EXACTLY = "exactly"
+FRESH_ORDER = "from_fresh_order"
+EPOCH_RESTART = "from_epoch_start"
+NEW_EPOCH = "new_epoch"
+
+_RNG_KEYS = ("torch", "numpy", "python")
+_COUNT_NAMES = ("ready", "started", "processed", "completed")
+_WITHOUT_CALLBACK = (
+    "resume without MidEpochResume: Lightning then ignores its state and continues as stock Lightning does (a"
+    " freshly drawn order for the rest of the epoch, fresh random states)"
+)
+_ON_MISMATCH = 'MidEpochResume(on_mismatch="restart_epoch")'
+
+
+class InspectError(Exception):
+    """The input cannot be inspected (missing, unreadable, not a Lightning checkpoint); the message is one line."""
+
+
+# ---------------------------------------------------------------------------------------------- resume position
+@dataclass(frozen=True)
+class Counts:
+    """One of Lightning's progress trackers: how many items were ready, started, processed and completed."""
+
+    ready: int
+    started: int
+    processed: int
+    completed: int
+
+    @classmethod
+    def parse(cls, raw: object) -> Counts | None:
+        """Read a tracker from a checkpoint's ``loops`` (``None`` unless it holds the four counts as ints).
+
+        Example:
+            >>> Counts.parse({"ready": 4, "started": 4, "processed": 4, "completed": 3})
+            Counts(ready=4, started=4, processed=4, completed=3)
+
+        """
+        if not isinstance(raw, Mapping):
+            return None
+        counts = [value for name in _COUNT_NAMES if _is_int(value := raw.get(name))]
+        return cls(*counts) if len(counts) == len(_COUNT_NAMES) else None
+
+    def __str__(self) -> str:
+        return f"ready={self.ready} started={self.started} processed={self.processed} completed={self.completed}"
+
+
+def epoch_stage(total: Counts) -> str:
+    """Where in the fit loop a checkpoint was written, from its total epoch progress, as Lightning reads it.
+
+    Example:
+        >>> epoch_stage(Counts(ready=2, started=2, processed=1, completed=1))  # inside epoch 1
+        'mid_epoch'
+        >>> epoch_stage(Counts(ready=2, started=2, processed=2, completed=1))  # in on_train_epoch_end of epoch 1
+        'epoch_end'
+
+    """
+    ready, started, processed, completed = total.ready, total.started, total.processed, total.completed
+    if ready == started + 1 and processed == started and completed == processed:
+        return EPOCH_START
+    if ready == started and processed == started - 1 and completed == processed:
+        return MID_EPOCH
+    if ready == started == processed and completed == processed - 1:
+        return EPOCH_END
+    if ready == started == processed == completed:
+        return BETWEEN_EPOCHS
+    return UNKNOWN
+
+
+def batch_stage(counts: Counts) -> str:
+    """Where inside an epoch a checkpoint was written, from batch progress counters.
+
+    Example:
+        >>> batch_stage(Counts(ready=4, started=4, processed=4, completed=3))  # on_train_batch_end of batch_idx 3
+        'batch_end'
+        >>> batch_stage(Counts(ready=4, started=4, processed=3, completed=3))  # inside batch_idx 3
+        'in_batch'
+
+    """
+    ready, started, processed, completed = counts.ready, counts.started, counts.processed, counts.completed
+    if ready == started == processed and completed == processed - 1:
+        return BATCH_END
+    if processed < ready:
+        return IN_BATCH
+    if ready == started == processed == completed:
+        return BETWEEN_BATCHES
+    return UNKNOWN
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a resumed run continues.
+
+    Attributes:
+        saved_at: Where the checkpoint was written (``epoch_start``, ``batch_end``, ``in_batch``,
+            ``between_batches``, ``epoch_end``, ``between_epochs`` or ``unknown``).
+        epoch: The epoch the resumed run continues (or starts).
+        batch: The ``batch_idx`` it continues with: batches of ``epoch`` consumed. ``None`` when unknown.
+        batches_trained: Batches of ``epoch`` the checkpoint's weights were trained on. ``None`` when unknown.
+        epoch_done: No batch of ``epoch`` is left: its end (validation, ``on_train_epoch_end``) runs, then the next
+            epoch starts.
+
+    """
+
+    saved_at: str
+    epoch: int
+    batch: int | None
+    batches_trained: int | None
+    epoch_done: bool
+
+    @property
+    def continues_epoch(self) -> bool:
+        """The resumed run trains more batches of an epoch already under way, so that epoch's order matters."""
+        return self.saved_at in (BATCH_END, IN_BATCH, BETWEEN_BATCHES) and not self.epoch_done
+
+
+def resume_point(
+    epoch: int, epoch_total: Counts, batch_total: Counts, batch_current: Counts, is_last_batch: bool
+) -> ResumePoint:
+    """Where a run resumed from a checkpoint with these progress counters continues.
+
+    Args:
+        epoch: ``checkpoint["epoch"]`` (``trainer.current_epoch`` when it was written).
+        epoch_total: The fit loop's total epoch progress.
+        batch_total: The epoch loop's total batch progress (what Lightning's restart logic reads).
+        batch_current: The epoch loop's batch progress within the epoch.
+        is_last_batch: Whether the epoch's last batch had been fetched.
+
+    Example:
+        >>> resume_point(1, Counts(2, 2, 1, 1), Counts(14, 14, 14, 13), Counts(4, 4, 4, 3), False)
+        ResumePoint(saved_at='batch_end', epoch=1, batch=4, batches_trained=4, epoch_done=False)
+        >>> resume_point(1, Counts(2, 2, 2, 1), Counts(20, 20, 20, 20), Counts(10, 10, 10, 10), True)
+        ResumePoint(saved_at='epoch_end', epoch=2, batch=0, batches_trained=0, epoch_done=False)
+
+    """
+    stage = epoch_stage(epoch_total)
+    if stage == EPOCH_END:
+        return ResumePoint(EPOCH_END, epoch + 1, 0, 0, False)
+    if stage in (EPOCH_START, BETWEEN_EPOCHS):
+        return ResumePoint(stage, epoch, 0, 0, False)
+    saved_at = batch_stage(batch_current) if stage == MID_EPOCH else UNKNOWN
+    if saved_at == UNKNOWN:
+        return ResumePoint(UNKNOWN, epoch, None, None, False)
+    trained = batch_current.processed if saved_at == BATCH_END else batch_current.completed
+    # Lightning counts the interrupted batch as completed only when its *total* counters say on_train_batch_end
+    batch = batch_current.completed + (1 if batch_stage(batch_total) == BATCH_END else 0)
+    epoch_done = is_last_batch and saved_at != IN_BATCH and batch == trained
+    return ResumePoint(saved_at, epoch, batch, trained, epoch_done)
+
+
+# ---------------------------------------------------------------------------------------------- report
+@dataclass
+class LoaderReport:
+    """One train dataloader as MidEpochResume recorded it, and how it continues (see ``docs/inspect.md``)."""
+
+    index: int
+    kind: str
+    dataset_length: int | None
+    batch_size: int | None
+    drop_last: bool
+    num_batches: int | None
+    order: str
+    seed_determined: bool
+    pass_index: int | None
+    batches_consumed: int | None
+    samples_consumed: int | None
+    snapshot_present: bool | None
+    continues: str
+
+
+@dataclass
+class StateInfo:
+    """The MidEpochResume entry of the checkpoint."""
+
+    present: bool
+    version: Any = None
+    bytes: int | None = None
+    mode: str | None = None
+
+
+@dataclass
+class RngInfo:
+    """Which ranks' process-wide random states the checkpoint holds."""
+
+    ranks_present: list[int] = field(default_factory=list)
+    ranks_missing: list[int] = field(default_factory=list)
+    all_present: bool = False
+    cuda: bool = False
+
+
+@dataclass
+class Blocker:
+    """Why a resume is not possible, and what to do instead."""
+
+    reason: str
+    opt_out: str
+
+
+@dataclass
+class Report:
+    """Everything ``inspect`` says about one checkpoint; :meth:`to_json` is the ``--json`` document."""
+
+    path: str
+    written_by: dict[str, str | None]
+    installed: dict[str, str]
+    resume: ResumePoint
+    global_step: int
+    world_size: int | None
+    state: StateInfo
+    rng: RngInfo = field(default_factory=RngInfo)
+    loaders: list[LoaderReport] | None = None
+    verdict: str = EXACT
+    blockers: list[Blocker] = field(default_factory=list)
+    caveats: list[str] = field(default_factory=list)
+    conditions: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """The command's exit status for this report's verdict."""
+        return EXIT_CODES[self.verdict]
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` document (schema version :data:`JSON_SCHEMA_VERSION`)."""
+        return {"schema_version": JSON_SCHEMA_VERSION, **asdict(self), "exit_code": self.exit_code}
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _get(mapping: object, *keys: str) -> object:
+    """``mapping[k1][k2]...``, or ``None`` where a level is missing or not a mapping."""
+    for key in keys:
+        if not isinstance(mapping, Mapping):
+            return None
+        mapping = mapping.get(key)
+    return mapping
+
+
+def _str_or_none(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _progress_point(checkpoint: Mapping[str, Any]) -> ResumePoint:
+    fit_loop = _get(checkpoint, "loops", "fit_loop")
+    epoch_total = Counts.parse(_get(fit_loop, "epoch_progress", "total"))
+    batch_total = Counts.parse(_get(fit_loop, "epoch_loop.batch_progress", "total"))
+    batch_current = Counts.parse(_get(fit_loop, "epoch_loop.batch_progress", "current"))
+    is_last_batch = _get(fit_loop, "epoch_loop.batch_progress", "is_last_batch") is True
+    epoch: int = checkpoint["epoch"]
+    if epoch_total is None or batch_total is None or batch_current is None:
+        return ResumePoint(UNKNOWN, epoch, None, None, False)
+    return resume_point(epoch, epoch_total, batch_total, batch_current, is_last_batch)
+
+
+def _installed_lightning() -> tuple[str, str]:
+    """The Lightning package importable here (``lightning`` first) and its version."""
+    name = "lightning" if importlib.util.find_spec("lightning") is not None else "pytorch_lightning"
+    return name, str(importlib.import_module(name).__version__)
+
+
+def _state_bytes(state: object) -> int:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.tell()
+
+
+def _state_problem(state: Mapping[str, Any], epoch: int) -> str | None:
+    """What makes a version-checked MidEpochResume state unusable, or ``None``."""
+    loaders, ranks = state.get(S.KEY_LOADERS), state.get(S.KEY_RANKS)
+    if not isinstance(loaders, list) or not all(isinstance(loader, Mapping) for loader in loaders):
+        return f"'{S.KEY_LOADERS}' is not a list of dicts"
+    if not isinstance(ranks, list) or not all(rank is None or isinstance(rank, Mapping) for rank in ranks):
+        return f"'{S.KEY_RANKS}' is not a list of dicts"  # None: a rank whose states could not be gathered
+    if not loaders and not ranks:
+        return None  # written outside trainer.fit: nothing in progress
+    world_size = state.get(S.KEY_WORLD_SIZE)
+    if not _is_int(world_size) or world_size < 1:
+        return f"'{S.KEY_WORLD_SIZE}' is not a positive int"
+    if state.get(S.KEY_EPOCH) != epoch:
+        return f"its epoch ({state.get(S.KEY_EPOCH)!r}) is not the checkpoint's ({epoch})"
+    if not isinstance(state.get(S.KEY_MODE), str):
+        return f"'{S.KEY_MODE}' is not a str"
+    for index, loader in enumerate(loaders):
+        if loader.get("kind") not in (S.KIND_MAP, S.KIND_ITERABLE, S.KIND_STATEFUL):
+            return f"train dataloader {index} has no valid 'kind'"
+        if not isinstance(loader.get("order"), str):
+            return f"train dataloader {index} has no 'order' description"
+        for key in ("dataset_length", "num_batches", "batch_size"):
+            if loader.get(key) is not None and not _is_int(loader[key]):
+                return f"train dataloader {index} has a '{key}' that is not an int"
+    for rank, rank_state in enumerate(ranks):
+        for key in (S.KEY_PASSES, S.KEY_DATASET_STATES):
+            if rank_state is not None and not isinstance(rank_state.get(key), list):
+                return f"rank {rank} has no '{key}' list"
+    return None
+
+
+def _rank_entry(ranks: Sequence[Mapping[str, Any] | None], rank: int, key: str, index: int | None = None) -> object:
+    """``ranks[rank][key]`` (``[index]``), or ``None`` where the checkpoint holds nothing for that rank."""
+    entry = _get(ranks[rank], key) if rank < len(ranks) else None
+    if index is None:
+        return entry
+    return entry[index] if isinstance(entry, list) and index < len(entry) else None
+
+
+def _rng_of(ranks: Sequence[Mapping[str, Any] | None], rank: int) -> Mapping[str, Any] | None:
+    """The process-wide random states saved for ``rank``, if complete."""
+    rng = _rank_entry(ranks, rank, S.KEY_RNG)
+    return rng if isinstance(rng, Mapping) and all(key in rng for key in _RNG_KEYS) else None
+
+
+def _samples(batches: int, batch_size: int | None, dataset_length: int | None) -> int | None:
+    if batch_size is None:
+        return None
+    return batches * batch_size if dataset_length is None else min(batches * batch_size, dataset_length)
+
+
+def _consumed(point: ResumePoint, mode: str, facts: Mapping[str, Any]) -> tuple[int | None, int | None, int | None]:
+    """The pass a loader is in (a cycling loader restarts within the epoch), its batches and samples consumed."""
+    if point.batch is None:
+        return None, None, None
+    num_batches, batch_size, length = facts.get("num_batches"), facts.get("batch_size"), facts.get("dataset_length")
+    if num_batches is None:  # an iterable loader without a length: one pass
+        return 0, point.batch, _samples(point.batch, batch_size, length)
+    pass_index, into_pass = S.loader_position(mode, point.batch, num_batches)
+    per_pass, in_pass = _samples(num_batches, batch_size, length), _samples(into_pass, batch_size, length)
+    samples = None if per_pass is None or in_pass is None else pass_index * per_pass + in_pass
+    return pass_index, pass_index * num_batches + into_pass, samples
+
+
+def _loader_report(
+    index: int, facts: Mapping[str, Any], point: ResumePoint, state: Mapping[str, Any], loader_state_saved: bool
+) -> LoaderReport:
+    """How train dataloader ``index`` continues, from the facts and records of a valid MidEpochResume state."""
+    kind = facts["kind"]
+    ranks, world_size = state[S.KEY_RANKS], state[S.KEY_WORLD_SIZE]
+    pass_index, batches, samples = _consumed(point, state[S.KEY_MODE], facts)
+    seed_determined = facts.get("seed_determined") is True
+    if kind == S.KIND_MAP:
+        # the order of the pass the loader is in, for the epoch the run continues, on every rank
+        records = [_rank_entry(ranks, rank, S.KEY_PASSES, index) for rank in range(world_size)]
+        present = all(_get(r, "epoch") == point.epoch and _get(r, "index") == pass_index for r in records)
+        fallback = EXACTLY if seed_determined else FRESH_ORDER
+    elif kind == S.KIND_ITERABLE:
+        present = all(_rank_entry(ranks, rank, S.KEY_DATASET_STATES, index) is not None for rank in range(world_size))
+        fallback = EPOCH_RESTART
+    else:
+        present, fallback = loader_state_saved, EPOCH_RESTART
+    if point.saved_at == UNKNOWN:
+        continues = UNKNOWN
+    elif point.continues_epoch:
+        continues = EXACTLY if present else fallback
+    else:
+        continues = NEW_EPOCH
+    return LoaderReport(
+        index=index,
+        kind=kind,
+        dataset_length=facts.get("dataset_length"),
+        batch_size=facts.get("batch_size"),
+        drop_last=bool(facts.get("drop_last")),
+        num_batches=facts.get("num_batches"),
+        order=facts["order"],
+        seed_determined=seed_determined,
+        pass_index=pass_index,
+        batches_consumed=batches,
+        samples_consumed=samples,
+        snapshot_present=None if continues == NEW_EPOCH else present,
+        continues=continues,
+    )
+
+
+def _loader_caveat(loader: LoaderReport, epoch: int) -> str | None:
+    where = f"Train dataloader {loader.index} ({loader.order})"
+    if loader.continues == FRESH_ORDER:
+        return (
+            f"{where} recorded no order for epoch {epoch} and its order is not determined by a seed: the rest of the"
+            " epoch is drawn from a fresh order, so some of its samples are seen twice and others not at all."
+        )
+    if loader.continues == EPOCH_RESTART and loader.kind == S.KIND_ITERABLE:
+        return (
+            f"{where} iterates over an IterableDataset that saved no state of its own: its iteration restarts from"
+            f" the beginning for the rest of epoch {epoch}. Give the dataset state_dict()/load_state_dict() (read"
+            " in the main process, num_workers=0), or use torchdata's StatefulDataLoader, to resume it exactly."
+        )
+    if loader.continues == EPOCH_RESTART:
+        return f"{where} is a stateful loader but the checkpoint holds no loader state for it: it restarts its epoch."
+    return None
+
+
+def analyse(checkpoint: Mapping[str, Any], path: str) -> Report:
+    """Say where and how exactly a loaded Lightning checkpoint resumes (reads ``checkpoint`` only).
+
+    Args:
+        checkpoint: The loaded checkpoint, with ``epoch``, ``global_step`` and ``state_dict`` (see
+            :func:`load_checkpoint`).
+        path: The path or URL it was read from, for the report.
+
+    """
+    raw_state = _get(checkpoint, "callbacks", STATE_KEY)
+    installed = _installed_lightning()
+    point = _progress_point(checkpoint)
+    report = Report(
+        path=path,
+        written_by={
+            "lightning": _str_or_none(checkpoint.get("pytorch-lightning_version")),
+            "lightning_midepoch": _str_or_none(_get(raw_state, S.KEY_PACKAGE_VERSION)),
+            "torch": _str_or_none(_get(raw_state, S.KEY_TORCH_VERSION)),
+        },
+        installed={
+            "lightning": installed[1],
+            "lightning_package": installed[0],
+            "lightning_midepoch": __version__,
+            "torch": str(torch.__version__),
+        },
+        resume=point,
+        global_step=checkpoint["global_step"],
+        world_size=None,
+        state=StateInfo(present=raw_state is not None),
+    )
+    if "optimizer_states" not in checkpoint or "lr_schedulers" not in checkpoint:
+        report.blockers.append(
+            Blocker(
+                "The checkpoint holds only the model (no optimizer or scheduler states, as"
+                " ModelCheckpoint(save_weights_only=True) writes): trainer.fit(ckpt_path=...) cannot resume training"
+                " from it.",
+                "Load the weights with YourModule.load_from_checkpoint(...) and start a new fit, or resume from a"
+                " full checkpoint.",
+            )
+        )
+    if not _compat.SUPPORTED_MIN <= Version(installed[1]) < _compat.SUPPORTED_BELOW:
+        package, version = installed
+        report.blockers.append(
+            Blocker(
+                f"MidEpochResume supports {package}{_compat.SUPPORTED_RANGE}, but {package} {version} is installed"
+                " here: the callback stops when the resumed fit starts.",
+                f"Resume where a supported release is installed (pip install '{package}{_compat.SUPPORTED_RANGE}'),"
+                f" or {_WITHOUT_CALLBACK}.",
+            )
+        )
+    batch, trained = point.batch, point.batches_trained
+    if batch is None or trained is None:
+        report.caveats.append(_unknown_position_caveat(checkpoint))
+    elif batch != trained:
+        report.caveats.append(_drift_caveat(point.epoch, batch, trained))
+    report.conditions.append("Attach MidEpochResume() to the resumed Trainer (this report assumes it).")
+    if raw_state is None:
+        _analyse_stock(report, point)
+    else:
+        _analyse_state(report, checkpoint, raw_state)
+    report.verdict = NOT_POSSIBLE if report.blockers else CAVEATS if report.caveats else EXACT
+    return report
+
+
+def _unknown_position_caveat(checkpoint: Mapping[str, Any]) -> str:
+    fit_loop = _get(checkpoint, "loops", "fit_loop")
+    epochs = Counts.parse(_get(fit_loop, "epoch_progress", "total"))
+    batches = Counts.parse(_get(fit_loop, "epoch_loop.batch_progress", "current"))
+    if epochs is None or batches is None:
+        found = "the checkpoint has no loop progress"
+    else:
+        found = f"epochs: {epochs}; batches of the epoch: {batches}"
+    return (
+        f"inspect cannot tell where the resumed run continues ({found}): it matches none of the points Lightning"
+        " writes checkpoints at."
+    )
+
+
+def _drift_caveat(epoch: int, batch: int, trained: int) -> str:
+    first, last = sorted((batch, trained))
+    batches = f"batch_idx {first}" if last - first == 1 else f"batch_idx {first} to {last - 1}"
+    what = f"{batches} of epoch {epoch} {'is' if last - first == 1 else 'are'}"
+    what += " trained twice" if batch < trained else " skipped"
+    return (
+        "Lightning's total batch counters disagree with this epoch's (as an earlier resume from inside a batch"
+        f" leaves them): it continues with batch_idx {batch} although the checkpoint was trained on {trained}"
+        f" batches of the epoch, so {what}."
+    )
+
+
+def _analyse_stock(report: Report, point: ResumePoint) -> None:
+    """A checkpoint written without MidEpochResume: say what is missing and what a resume will do."""
+    report.caveats.append(
+        "The checkpoint was written without MidEpochResume and holds no random states: the resumed run draws its"
+        " data order (shuffle) and the random numbers of dropout and augmentation from fresh states, so its random"
+        " draws differ from the uninterrupted run's."
+    )
+    if point.continues_epoch:
+        report.caveats.append(
+            f"It was written in the middle of epoch {point.epoch} and does not record how the train dataloaders draw"
+            f" their order. The epoch continues at batch_idx {point.batch} exactly only where the order is fixed or"
+            " determined by a seed and the epoch (SequentialSampler, DistributedSampler); a random order"
+            " (shuffle=True) is drawn afresh for the remaining batches, so some samples of the epoch are seen twice"
+            " and others not at all. inspect cannot tell which from a checkpoint written without MidEpochResume."
+        )
+
+
+def _state_blocker(problem: str) -> Blocker:
+    return Blocker(
+        f"The checkpoint's MidEpochResume state is malformed ({problem}): MidEpochResume cannot resume from it.",
+        f"Resume from an intact copy of the checkpoint, or {_WITHOUT_CALLBACK}.",
+    )
+
+
+def _analyse_state(report: Report, checkpoint: Mapping[str, Any], raw_state: object) -> None:
+    """A checkpoint with a MidEpochResume state: check it and say how each rank and loader continues."""
+    if not isinstance(raw_state, Mapping):
+        report.blockers.append(_state_blocker(f"it is a {type(raw_state).__name__}, not a dict"))
+        return
+    report.state.version = raw_state.get(S.KEY_VERSION)
+    report.state.bytes = _state_bytes(raw_state)
+    try:
+        state = S.migrate(raw_state)
+    except S.MidEpochResumeError as error:
+        report.blockers.append(Blocker(str(error), f"Upgrade lightning-midepoch, or {_WITHOUT_CALLBACK}."))
+        return
+    problem = _state_problem(state, checkpoint["epoch"])
+    if problem is not None:
+        report.blockers.append(_state_blocker(problem))
+        return
+    ranks: list[Mapping[str, Any] | None] = state[S.KEY_RANKS]
+    if not ranks:
+        report.loaders = []
+        report.caveats.append(
+            "The MidEpochResume state was written outside trainer.fit (e.g. by trainer.save_checkpoint after fit"
+            " returned) and holds no random states: the resumed run draws them afresh."
+        )
+        return
+    world_size: int = state[S.KEY_WORLD_SIZE]
+    report.world_size = world_size
+    report.state.mode = state[S.KEY_MODE]
+    states = [_rng_of(ranks, rank) for rank in range(world_size)]
+    present = [rank for rank, rng in enumerate(states) if rng is not None]
+    missing = [rank for rank, rng in enumerate(states) if rng is None]
+    cuda = any(rng is not None and "cuda" in rng for rng in states)
+    report.rng = RngInfo(present, missing, not missing, cuda)
+    if missing:
+        report.caveats.append(
+            f"No random states for rank(s) {', '.join(map(str, missing))} of {world_size}: there, dropout,"
+            " augmentation and the orders of later epochs draw from fresh states."
+        )
+    loader_states = _get(checkpoint, "loops", "fit_loop", "state_dict", "combined_loader")
+    stateful_saved = isinstance(loader_states, list) and len(loader_states) > 0
+    point = report.resume
+    report.loaders = [
+        _loader_report(index, facts, point, state, stateful_saved) for index, facts in enumerate(state[S.KEY_LOADERS])
+    ]
+    report.caveats += [caveat for loader in report.loaders if (caveat := _loader_caveat(loader, point.epoch))]
+    if point.continues_epoch:
+        report.conditions.append(
+            f"The verdict assumes the resumed run has {world_size} device(s) and the same"
+            f" {len(report.loaders)} train dataloader(s) (dataset lengths, batch sizes, drop_last and samplers as"
+            " listed). Where the dataloaders differ, MidEpochResume stops with a MidEpochResumeError saying what"
+            f" differs; {_ON_MISMATCH} continues the epoch from a fresh order instead."
+        )
+        report.conditions.append(_elastic_condition(state[S.KEY_LOADERS], world_size))
+    grads = [rank.get(S.KEY_GRADS) for rank in state[S.KEY_RANKS] if isinstance(rank, Mapping)]
+    if any(grads):
+        report.conditions.append(
+            "It was written inside a gradient accumulation group: the partial gradients are saved and restored on"
+            f" the same number of devices ({world_size}); on another number they are dropped and the group restarts."
+        )
+
+
+def _elastic_condition(loaders: Sequence[Mapping[str, Any]], world_size: int) -> str:
+    """Whether the interrupted epoch could also be finished on another number of devices (elastic resume)."""
+    try:
+        S.check_elastic(loaders, world_size, world_size + 1, _ON_MISMATCH)
+    except S.MidEpochResumeError as error:
+        reason = str(error).split("cannot be re-sharded: ", 1)[-1].split(". Resume on", 1)[0]
+        return (
+            f"On another number of devices this epoch cannot be finished exactly ({reason}): resume on {world_size}"
+            f" device(s), or use {_ON_MISMATCH}."
+        )
+    return (
+        "On another number of devices the interrupted epoch is finished elastically: every sample it had not"
+        " consumed is trained once across the new devices (see the guide's distributed section)."
+    )
+
+
+# ---------------------------------------------------------------------------------------------- loading
+def _cloud_io() -> Any:
+    """Lightning's ``cloud_io`` module (its loader accepts local paths and fsspec URLs), from either namespace."""
+    try:
+        return importlib.import_module("lightning.fabric.utilities.cloud_io")
+    except ImportError:  # only pytorch-lightning (and lightning-fabric) is installed
+        return importlib.import_module("lightning_fabric.utilities.cloud_io")
+
+
+def one_line(error: BaseException) -> str:
+    """An exception as one line: its type and its message with whitespace collapsed."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _weights_only_reason(error: BaseException) -> str:
+    """The reason torch gives for refusing a weights-only load, shortened to its first sentence."""
+    text = str(error)
+    marker = "WeightsUnpickler error:"
+    reason = text.split(marker, 1)[1] if marker in text else text
+    reason = " ".join(reason.split())
+    return reason.split(". ", 1)[0].rstrip(".")
+
+
+def _check_exists(path: str, cloud_io: Any) -> None:
+    if path.startswith("http"):  # Lightning downloads these with torch.hub, not fsspec
+        return
+    try:
+        filesystem = cloud_io.get_filesystem(path)
+        exists, is_dir = filesystem.exists(path), filesystem.isdir(path)
+    except Exception as error:  # an unknown protocol, a missing fsspec backend, no access
+        raise InspectError(f"cannot open {path}: {one_line(error)}") from None
+    if not exists:
+        raise InspectError(f"{path}: no such file")
+    if is_dir:
+        raise InspectError(f"{path} is a directory, not a checkpoint file")
+
+
+def _load(path: str, trust: bool, load: Callable[..., Any]) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's notes on pickle protocols and weights_only
+        try:
+            return load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as error:
+            if not trust:
+                raise InspectError(
+                    f"{path} holds objects a weights-only load refuses ({_weights_only_reason(error)}). If it is a"
+                    " checkpoint from a source you trust, rerun with --trust to load it with weights_only=False"
+                    " (which can run code stored in the file)."
+                ) from None
+        except Exception as error:
+            raise _unreadable(path, error) from None
+        try:
+            return load(path, map_location="cpu", weights_only=False)
+        except Exception as error:
+            raise _unreadable(path, error) from None
+
+
+def _unreadable(path: str, error: BaseException) -> InspectError:
+    return InspectError(
+        f"cannot read {path} as a checkpoint: it is truncated, corrupted or not written by torch.save"
+        f" ({one_line(error)})"
+    )
+
+
+def load_checkpoint(path: str, trust: bool = False) -> dict[str, Any]:
+    """Load a Lightning checkpoint read-only with Lightning's own loader (local path or fsspec URL), on the CPU.
+
+    Args:
+        path: A local path or any URL Lightning accepts for ``ckpt_path``.
+        trust: Retry with ``weights_only=False`` if a weights-only load refuses an object in the file.
+
+    Raises:
+        InspectError: With a one-line message, if the file is missing, unreadable or not a Lightning checkpoint.
+
+    """
+    cloud_io = _cloud_io()
+    _check_exists(path, cloud_io)
+    checkpoint = _load(path, trust, cloud_io._load)
+    if not isinstance(checkpoint, dict):
+        raise InspectError(f"{path} is not a Lightning checkpoint: it holds a {type(checkpoint).__name__}, not a dict")
+    missing = [key for key in ("epoch", "global_step", "state_dict") if key not in checkpoint]
+    if missing:
+        keys = ", ".join(repr(key) for key in list(checkpoint)[:6]) or "none"
+        raise InspectError(f"{path} is not a Lightning checkpoint: it has no {', '.join(missing)} (its keys: {keys})")
+    for key in ("epoch", "global_step"):
+        if not _is_int(checkpoint[key]):
+            raise InspectError(f"{path} is not a Lightning checkpoint: its {key!r} is not an int")
+    return checkpoint
+
+
+# ---------------------------------------------------------------------------------------------- rendering
+_VERDICT_TEXT = {
+    EXACT: "EXACT: the resumed run continues as the uninterrupted run would have",
+    CAVEATS: "CAVEATS: the resume runs, but not exactly as the uninterrupted run would have",
+    NOT_POSSIBLE: "NOT POSSIBLE: the resume stops (see why, and the opt-out)",
+}
+_CONTINUES_TEXT = {
+    EXACTLY: "continues exactly",
+    FRESH_ORDER: "continues from a fresh order",
+    EPOCH_RESTART: "restarts its epoch",
+    UNKNOWN: "unknown",
+}
+
+
+def _saved_text(point: ResumePoint) -> str:
+    epoch, trained = point.epoch, point.batches_trained
+    if point.saved_at == EPOCH_START:
+        return f"in on_train_epoch_start of epoch {epoch}"
+    if point.saved_at == EPOCH_END:
+        return f"at the end of epoch {epoch - 1} (on_train_epoch_end)"
+    if point.saved_at == BETWEEN_EPOCHS:
+        return "before the first epoch" if epoch == 0 else f"between epochs, after epoch {epoch - 1} finished"
+    if trained is None:
+        return "at a point inspect does not recognise"
+    if point.saved_at == BATCH_END:
+        return f"in on_train_batch_end of batch_idx {trained - 1}, epoch {epoch}"
+    if point.saved_at == IN_BATCH:
+        return f"inside batch_idx {trained} of epoch {epoch}, before it finished"
+    if trained == 0:
+        return f"in epoch {epoch}, before its first batch"
+    return f"after batch_idx {trained - 1} of epoch {epoch} completed (e.g. in the validation after it)"
+
+
+def _resumes_text(point: ResumePoint) -> str:
+    if point.batch is None:
+        return f"unknown (epoch {point.epoch})"
+    if point.epoch_done:
+        return (
+            f"the end of epoch {point.epoch}: no batch is left, its validation and epoch-end hooks run, then epoch"
+            f" {point.epoch + 1} starts at batch_idx 0"
+        )
+    if not point.continues_epoch:
+        return f"the start of epoch {point.epoch} (batch_idx 0)"
+    text = f"epoch {point.epoch}, batch_idx {point.batch}"
+    if point.batch != point.batches_trained:
+        return text
+    if point.saved_at == IN_BATCH:
+        return f"{text} again (it had not finished)"
+    if point.saved_at == BATCH_END:
+        return f"{text} (first the rest of batch_idx {point.batch - 1}: a validation or scheduler step due after it)"
+    return text
+
+
+def _na(value: object) -> str:
+    return "?" if value is None else str(value)
+
+
+def _versions_text(report: Report) -> str:
+    written = report.written_by
+    versions = [f"lightning {_na(written['lightning'])}"]
+    if report.state.present:
+        versions += [f"lightning-midepoch {_na(written['lightning_midepoch'])}", f"torch {_na(written['torch'])}"]
+    else:
+        versions.append("without MidEpochResume")
+    return ", ".join(versions)
+
+
+def _rng_text(report: Report) -> str:
+    rng = report.rng
+    if rng.all_present:
+        text = f"present for every rank ({len(rng.ranks_present)} of {report.world_size})"
+    elif rng.ranks_present:
+        text = f"missing for rank(s) {', '.join(map(str, rng.ranks_missing))} of {report.world_size}"
+    else:
+        text = "not saved"
+    return text + (", CUDA included" if rng.cuda else "")
+
+
+def _state_text(state: StateInfo) -> str:
+    if not state.present:
+        return "absent (written without the callback)"
+    if state.bytes is None:
+        return "present, not a dict"
+    return f"state version {state.version!r}, adds {state.bytes:,} bytes ({state.bytes / 1024:.1f} KiB)"
+
+
+def _order_text(loader: LoaderReport) -> str:
+    if loader.kind == S.KIND_MAP:
+        source = loader.order
+        recorded = "snapshot present" if loader.snapshot_present else "no snapshot"
+        if loader.snapshot_present is False and loader.seed_determined:
+            recorded += " (determined by its seed: none needed)"
+    elif loader.kind == S.KIND_ITERABLE:
+        source = f"IterableDataset via {loader.order}"
+        recorded = "dataset state saved" if loader.snapshot_present else "no dataset state"
+    else:
+        source = f"stateful loader {loader.order}"
+        recorded = "loader state saved by Lightning" if loader.snapshot_present else "no loader state"
+    if loader.continues == NEW_EPOCH:  # nothing recorded is needed: the order is drawn at the epoch's start
+        return f"{source}; starts a new epoch (its order is drawn from the restored random states)"
+    return f"{source}, {recorded}; {_CONTINUES_TEXT[loader.continues]}"
+
+
+def _table(rows: list[list[str]], indent: str) -> list[str]:
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    return [indent + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+
+
+def _loader_lines(report: Report) -> list[str]:
+    if report.loaders is None:
+        reason = "the checkpoint has no MidEpochResume state" if not report.state.present else "state unusable"
+        return [f"Train dataloaders:  unknown ({reason})"]
+    if not report.loaders:
+        return ["Train dataloaders:  none recorded (the state was written outside trainer.fit)"]
+    lines = [f"Train dataloaders:  {len(report.loaders)} (CombinedLoader mode {report.state.mode!r})"]
+    rows = [["#", "kind", "samples", "batch size", "drop_last", "batches", "consumed"]]
+    for loader in report.loaders:
+        consumed = f"{_na(loader.batches_consumed)} batches, {_na(loader.samples_consumed)} samples"
+        if loader.pass_index:
+            consumed += f" (pass {loader.pass_index + 1} of the epoch)"
+        sizes = (loader.dataset_length, loader.batch_size, loader.drop_last, loader.num_batches)
+        rows.append([str(loader.index), loader.kind, *map(_na, sizes), consumed])
+    table = _table(rows, "  ")
+    lines.append(table[0])
+    for loader, row in zip(report.loaders, table[1:]):
+        lines += [row, f"     order: {_order_text(loader)}"]
+    return lines
+
+
+def render_text(report: Report) -> str:
+    """The report as aligned ``key: value`` lines, a per-loader table and the verdict."""
+    world_size = _na(report.world_size) if report.state.present else "unknown (not recorded)"
+    lines = [
+        f"Checkpoint:         {report.path}",
+        f"Written by:         {_versions_text(report)}",
+        f"Saved:              {_saved_text(report.resume)}",
+        f"Resumes at:         {_resumes_text(report.resume)}",
+        f"Global step:        {report.global_step}",
+        f"World size:         {world_size}",
+        f"RNG states:         {_rng_text(report)}",
+        f"MidEpochResume:     {_state_text(report.state)}",
+        *_loader_lines(report),
+        "",
+        f"Verdict:            {_VERDICT_TEXT[report.verdict]}",
+    ]
+    for blocker in report.blockers:
+        lines += [f"  - why: {blocker.reason}", f"    opt-out: {blocker.opt_out}"]
+    lines += [f"  - caveat: {caveat}" for caveat in report.caveats]
+    if report.verdict != NOT_POSSIBLE:
+        lines += [f"  - condition: {condition}" for condition in report.conditions]
+    return "\n".join(lines) + "\n"
+
+
+def render_json(report: Report) -> str:
+    """The report as one JSON object (see ``docs/inspect.md`` for the schema)."""
+    return json.dumps(report.to_json(), indent=2) + "\n"
+
+
+def inspect_checkpoint(path: str, *, trust: bool = False) -> Report:
+    """Load the checkpoint at ``path`` (read-only) and analyse it.
+
+    Raises:
+        InspectError: If it cannot be read as a Lightning checkpoint.
+
+    """
+    return analyse(load_checkpoint(path, trust=trust), path)

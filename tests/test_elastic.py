@@ -84,11 +84,6 @@ def test_global_order_of_a_recorded_random_order(own_generator):
     assert order == expected
 
 
-def test_global_order_needs_a_record_for_a_random_order():
-    with pytest.raises(ValueError, match="was not recorded"):
-        _elastic.global_order({"kind": "random", "own_generator": False}, 5, 0, None)
-
-
 def test_global_order_of_fixed_orders():
     assert _elastic.global_order({"kind": "sequential"}, 4, 7, None) == list(SequentialSampler(range(4)))
     spec = {"kind": "distributed", "seed": 0, "shuffle": False}

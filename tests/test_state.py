@@ -149,6 +149,12 @@ def test_check_elastic_accepts(saved, saved_world_size):
     S.check_elastic(saved, saved_world_size, 3, FIX)
 
 
+def test_check_elastic_needs_the_record_of_a_random_order():
+    S.check_elastic([_distributed_facts()], 2, 1, FIX, recorded=False)  # a DistributedSampler's needs none
+    with pytest.raises(MidEpochResumeError, match="the random order of the interrupted epoch was not recorded"):
+        S.check_elastic([_facts()], 1, 2, FIX, recorded=False)
+
+
 def test_facts_that_depend_on_the_world_size_are_compared_only_on_the_same_world_size():
     saved, current = [_distributed_facts()], [_facts(num_batches=20)]
     S.check_loaders(saved, current, FIX, same_world_size=False)

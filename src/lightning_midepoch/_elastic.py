@@ -35,9 +35,6 @@ def global_order(
         epoch: The epoch (seeds a shuffling ``DistributedSampler``).
         record: The recorded pass (``_PassRecord.state_dict()``) of a random order on a single device.
 
-    Raises:
-        ValueError: If a random order has no record to draw it from again.
-
     """
     kind = spec["kind"]
     if kind == "sequential" or (kind == "distributed" and not spec["shuffle"]):
@@ -46,8 +43,7 @@ def global_order(
         seeded = torch.Generator()
         seeded.manual_seed(int(spec["seed"]) + epoch)
         return [int(i) for i in torch.randperm(dataset_length, generator=seeded).tolist()]
-    if record is None or record.get("at_first_next") is None:
-        raise ValueError("the random order of the interrupted epoch was not recorded")
+    assert record is not None, "a random order is re-sharded only when recorded (checked by _state.check_elastic)"
     states = {part: {**record["at_iter"][part], **record["at_first_next"][part]} for part in record["at_iter"]}
     generator: torch.Generator | None = None
     if spec["own_generator"]:

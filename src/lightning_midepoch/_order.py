@@ -3,8 +3,9 @@
 A DataLoader draws its order from its index sampler (the batch sampler, or the sampler when ``batch_size=None``).
 :class:`_IndexSamplerRecorder` stands in for that object on one DataLoader. Each time the loader starts a pass it
 captures the random states the sampler is about to draw from, at the two moments a sampler can draw: at ``iter()``
-(samplers whose ``__iter__`` draws eagerly) and at the first ``next()`` (generator-based samplers, which is every
-torch sampler). Capturing reads states only; nothing is drawn, so a run that is never resumed is unchanged.
+(samplers whose ``__iter__`` draws eagerly) and at the first ``next()`` (generator-based samplers, such as
+torch's ``RandomSampler`` and ``BatchSampler``). Capturing reads states only; nothing is drawn, so a run that is
+never resumed is unchanged.
 
 On resume the recorder is armed with the recorded pass and the number of consumed items; the next pass then
 re-creates the same order with those states applied (the process-wide ones in isolation), skips the consumed items

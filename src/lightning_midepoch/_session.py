@@ -386,7 +386,9 @@ class _Session:
         try:
             S.check_loaders(self.loaded[S.KEY_LOADERS], current, fix, same_world_size=not elastic)
             if elastic:
-                S.check_elastic(self.loaded[S.KEY_LOADERS], saved_world_size, self.trainer.world_size, fix)
+                S.check_elastic(
+                    self.loaded[S.KEY_LOADERS], saved_world_size, self.trainer.world_size, fix, self._order_recorded()
+                )
         except S.MidEpochResumeError as error:
             if self.on_mismatch == "raise":
                 raise
@@ -398,6 +400,18 @@ class _Session:
             )
             return "restart"
         return "elastic" if elastic else "exact"
+
+    def _order_recorded(self) -> bool:
+        """Whether rank 0 recorded how the interrupted epoch's order was drawn (or a resumed epoch carries it)."""
+        assert self.loaded is not None
+        previous = self.loaded.get(S.KEY_ELASTIC)
+        if previous and previous["epoch"] == self.trainer.current_epoch:
+            return True
+        rank0 = self._rank_state(0)
+        record = rank0[S.KEY_PASSES][0] if rank0 is not None and rank0[S.KEY_PASSES] else None
+        return (
+            record is not None and record["epoch"] == self.trainer.current_epoch and record["at_first_next"] is not None
+        )
 
     def _start_elastic_epoch(self, epoch_loop: _TrainingEpochLoop, fetcher: _DataFetcher, consumed: int) -> None:
         """Finish the interrupted epoch on this world size: every sample it had not consumed, laid out over the ranks.

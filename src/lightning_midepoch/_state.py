@@ -260,11 +260,13 @@ def check_loaders(
                 )
 
 
-def check_elastic(saved: Sequence[Mapping[str, Any]], saved_world_size: int, world_size: int, fix: str) -> None:
+def check_elastic(
+    saved: Sequence[Mapping[str, Any]], saved_world_size: int, world_size: int, fix: str, recorded: bool = True
+) -> None:
     """Raise :class:`MidEpochResumeError` unless an interrupted epoch can be finished on another number of devices.
 
     That takes a single map-style train loader whose epoch order can be rebuilt (see :func:`global_order`), sharded
-    by a ``DistributedSampler`` if it was saved on more than one device.
+    by a ``DistributedSampler`` if it was saved on more than one device, or ``recorded`` if it is random.
     """
     why = ""
     spec = saved[0].get("global_order") if len(saved) == 1 else None
@@ -276,6 +278,8 @@ def check_elastic(saved: Sequence[Mapping[str, Any]], saved_world_size: int, wor
         why = f"its train dataloader's order ({saved[0]['order']}) has no global order to re-shard"
     elif saved_world_size > 1 and spec["kind"] != "distributed":
         why = f"its {saved_world_size} ranks did not shard one order with a DistributedSampler ({saved[0]['order']})"
+    elif spec["kind"] == "random" and not recorded:
+        why = "the random order of the interrupted epoch was not recorded"
     if why:
         raise MidEpochResumeError(
             f"The checkpoint was saved in the middle of an epoch with a world size of {saved_world_size} but the"

@@ -50,6 +50,7 @@ docs: venv  ## the documentation site in docs/_build/html (warnings are errors; 
 	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
 
 bench: venv  ## measurements, printed as tables; plots in benchmarks/results/
+	$(PIP) install --quiet --no-deps -r requirements/bench.txt
 	$(BIN)/python benchmarks/run_all.py
 
 clean:

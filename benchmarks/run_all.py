@@ -1,0 +1,140 @@
+"""Run every benchmark and write ``benchmarks/results/``: ``summary.md`` (all tables, the headline numbers and the
+command that reproduces them), ``results.json`` (every measurement) and the PNG plots.
+
+Usage: ``make bench`` (creates the virtual environment, installs ``requirements/bench.txt``, runs this), or
+``python benchmarks/run_all.py`` in an environment that has them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from importlib.metadata import version
+from typing import Any
+
+import bench_overhead
+import bench_resume
+import bench_size_memory
+from _common import RESULTS_DIR, progress, ratio, seconds, setup_process
+
+REPRODUCE = "make bench"
+PACKAGES = ("lightning-midepoch", "torch", "lightning", "accelerate", "torchdata", "numpy")
+
+
+def environment() -> dict[str, Any]:
+    """What the numbers were measured with and on."""
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": 1,
+        "packages": {name: version(name) for name in PACKAGES},
+        "load_average_at_start": os.getloadavg(),
+    }
+
+
+def headline(results: dict[str, Any]) -> list[str]:
+    """The numbers the README quotes, from the measurements."""
+    lines = []
+    for comparison in results["resume"]["comparison"]:
+        last = str(comparison["positions"][-1])
+        approaches = comparison["approaches"]
+        ours = approaches[bench_resume.OURS_FIT]
+        discard = approaches[bench_resume.DISCARD]
+        lines.append(
+            f"- Resume at k = {int(last):,} vs. k = 0 ({comparison['sampler']}, {comparison['epoch_samples']:,} "
+            f"samples): MidEpochResume through `fit()` {seconds(ours[last]['median_s'])} vs. "
+            f"{seconds(ours['0']['median_s'])} ({ratio(ours[last]['median_s'] / ours['0']['median_s'])}); "
+            f"iterate-and-discard {seconds(discard[last]['median_s'])}"
+            f"{' (extrapolated)' if discard[last]['extrapolated'] else ''} vs. {seconds(discard['0']['median_s'])} "
+            f"({ratio(discard[last]['median_s'] / discard['0']['median_s'])})."
+        )
+    goal = results["resume"]["goal"]
+    worst = max(goal, key=lambda row: row["ratio"])
+    met = sum(row["goal_met"] for row in goal)
+    lines.append(
+        f"- Resume at 90% of the epoch vs. at its start: goal ≤ {bench_resume.GOAL_RATIO}x met in {met} of "
+        f"{len(goal)} cases; largest ratio {ratio(worst['ratio'])} ({worst['sampler']}, "
+        f"{worst['epoch_samples']:,} samples, {worst['level']})."
+    )
+    for setting in results["overhead"]:
+        cpu, wall = setting["cpu"], setting["wall"]
+        lines.append(
+            f"- Steady-state overhead, {setting['model']}: {cpu['median_difference_s'] * 1e6:+.0f} µs per step, "
+            f"ratio {cpu['median_ratio']:.3f} (main-process CPU), {wall['median_ratio']:.3f} (wall clock); an empty "
+            f"Callback: {cpu['median_control_ratio']:.3f} (CPU)."
+        )
+    lines.append(f"- {bench_overhead.projection(results['overhead'])}")
+    sizes = [row["state_bytes"] for row in results["size_memory"]["state_size"]]
+    memory = results["size_memory"]["memory"]
+    lines.append(
+        f"- Checkpoint entry: {min(sizes):,} to {max(sizes):,} B, independent of the dataset size "
+        f"({', '.join(f'{size:,}' for size in bench_size_memory.STATE_SIZES)} samples)."
+    )
+    lines.append(
+        "- Peak memory growth on a 10^7-sample epoch: resume at 90% "
+        f"{memory['resume_late']['rss_growth_bytes'] / 2**20:,.0f} MiB, fresh epoch start "
+        f"{memory['fresh_fit']['rss_growth_bytes'] / 2**20:,.0f} MiB, the sampler alone "
+        f"{memory['sampler']['rss_growth_bytes'] / 2**20:,.0f} MiB."
+    )
+    return lines
+
+
+def summary(results: dict[str, Any], sections: dict[str, str], runtime_s: float) -> str:
+    env = results["environment"]
+    packages = ", ".join(f"{name} {value}" for name, value in env["packages"].items())
+    load_start = ", ".join(f"{value:.2f}" for value in env["load_average_at_start"])
+    load_end = ", ".join(f"{value:.2f}" for value in env["load_average_at_end"])
+    return "\n\n".join(
+        [
+            "# Benchmarks",
+            f"Reproduce from a fresh clone with `{REPRODUCE}` (it creates `.venv`, installs `requirements/bench.txt` "
+            "and runs `benchmarks/run_all.py`, which writes this file, `results.json` and the plots next to it).",
+            f"Measured with Python {env['python']} on {env['platform']}, {env['cpu_count']} CPU cores, one torch "
+            f"thread; {packages}. The machine is shared: load average {load_start} at the start and {load_end} at "
+            f"the end (1, 5, 15 minutes). Times are medians of several interleaved runs, and every ratio compares "
+            f"runs of the same invocation. The whole run took {runtime_s / 60:.1f} minutes.",
+            "## Headline",
+            "\n".join(headline(results)),
+            "## 1. Time to resume vs. position",
+            sections["comparison"],
+            "![time to resume vs. position](resume_vs_position.png)",
+            "### Goal: at 90% of the epoch within 1.2x of the epoch's start",
+            sections["goal"],
+            "![resume at 90% vs. start](resume_goal.png)",
+            "## 2. Steady-state overhead",
+            sections["overhead"],
+            "![overhead](overhead.png)",
+            "## 3. Checkpoint size and memory",
+            sections["size_memory"],
+        ]
+    )
+
+
+def main() -> None:
+    setup_process()
+    started = time.perf_counter()
+    results: dict[str, Any] = {"environment": environment()}
+    progress(f"benchmarks: results go to {RESULTS_DIR}")
+    sections: dict[str, str] = {}
+    for name, module in (("resume", bench_resume), ("overhead", bench_overhead), ("size_memory", bench_size_memory)):
+        section_started = time.perf_counter()
+        outcome = module.run()
+        results[name] = outcome["json"]
+        sections.update(outcome["markdown"])
+        progress(f"{name}: done in {time.perf_counter() - section_started:.0f} s")
+    runtime = time.perf_counter() - started
+    results["environment"]["load_average_at_end"] = os.getloadavg()
+    results["runtime_s"] = runtime
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    (RESULTS_DIR / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    text = summary(results, sections, runtime)
+    (RESULTS_DIR / "summary.md").write_text(text + "\n")
+    print(text)
+    progress(f"benchmarks: done in {runtime / 60:.1f} minutes; see {RESULTS_DIR / 'summary.md'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""The documentation: it builds without a warning, every example in it runs, and it keeps up with the code.
+
+``make docs`` builds the HTML site; here the same build runs into a temporary directory, and so does Sphinx's doctest
+builder, which executes every ``testcode``/``doctest`` block of the pages (the guide's examples train tiny models on
+CPU, including a crash and a resume) and the ``>>>`` examples of the API reference.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import re
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+SRC = ROOT / "src" / "lightning_midepoch"
+PAGES = sorted(DOCS.glob("*.md"))
+BUILD_TIMEOUT_S = 300
+
+
+def _sphinx(builder: str, out: Path) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", builder, str(DOCS), str(out)]
+    command += ["-d", str(out / ".doctrees")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory) -> dict[str, tuple[int, str, Path]]:
+    """The HTML and the doctest builds, run side by side: builder -> (exit code, output, output directory)."""
+    out = tmp_path_factory.mktemp("docs")
+    processes = {builder: (_sphinx(builder, out / builder), out / builder) for builder in ("html", "doctest")}
+    results = {}
+    for builder, (process, directory) in processes.items():
+        output, _ = process.communicate(timeout=BUILD_TIMEOUT_S)
+        results[builder] = (process.returncode, output, directory)
+    return results
+
+
+def test_html_builds_without_warnings(builds):
+    code, output, html = builds["html"]
+    assert code == 0, output[-8000:]
+    for page in ("index", "guide", "api", "upgrading", "benchmarks", "changelog"):
+        assert (html / f"{page}.html").is_file(), page
+    assert (html / "_images" / "timeline.png").is_file()
+
+
+def test_links_to_torch_and_lightning_resolve_offline(builds):
+    """The local inventories are used: API names link to the real pages of the PyTorch and Lightning docs."""
+    _, _, html = builds["html"]
+    guide = (html / "guide.html").read_text(encoding="utf-8")
+    assert 'href="https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader"' in guide
+    assert (
+        'href="https://lightning.ai/docs/pytorch/stable/api/lightning.pytorch.callbacks.ModelCheckpoint.html'
+        '#lightning.pytorch.callbacks.ModelCheckpoint"' in guide
+    )
+
+
+def test_every_example_runs(builds):
+    code, output, directory = builds["doctest"]
+    assert code == 0, output[-8000:]
+    summary = (directory / "output.txt").read_text(encoding="utf-8")
+    assert "0 failures in tests" in summary, summary[-4000:]
+    ran = int(re.search(r"^\s*(\d+) tests$", summary, re.MULTILINE).group(1))  # type: ignore[union-attr]
+    assert ran >= 30, summary[-4000:]
+
+
+# code blocks that are shown but not executed: shell commands and quoted messages only
+_SHOWN_ONLY = {"bash", "console", "shell", "text"}
+_FENCE = re.compile(r"^(`{3,}|~{3,})[ \t]*(\{[^}]+\}|[\w+-]*)(.*)$", re.MULTILINE)
+# the deliberate exception: code that cannot run here (it needs GPUs, several nodes, ...) is a
+# ```{code-block} python directive with the option `:class: not-run`, so that a reviewer sees the choice
+_NOT_RUN = re.compile(r"\A\n(?::[\w-]+:.*\n)*?:class:[^\n]*\bnot-run\b")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_python_examples_are_executed(page):
+    """Python on a page is only ever in a block the doctest builder runs, so that no example can rot."""
+    text = page.read_text(encoding="utf-8")
+    for match in _FENCE.finditer(text):
+        info = match.group(2)
+        if info in ("{code-block}", "{code}", "{sourcecode}"):
+            after = text[match.end() :]
+            assert _NOT_RUN.match(after), (
+                f"{page.name}: use {{testcode}}, or mark code that cannot run `:class: not-run`"
+            )
+        elif info and not info.startswith("{"):
+            assert info in _SHOWN_ONLY, f"{page.name}: a ```{info} block is not executed; use ```{{testcode}}"
+    for line in text.splitlines():
+        if line.lstrip().startswith(">>>"):
+            # a doctest outside a {doctest} block is rendered but never run
+            preceding = text[: text.index(line)]
+            assert preceding.rfind("```{doctest}") > preceding.rfind("\n```\n"), f"{page.name}: {line}"
+
+
+def _constant_parts(node: ast.expr) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.JoinedStr):
+        return [part.value for part in node.values if isinstance(part, ast.Constant) and isinstance(part.value, str)]
+    return []
+
+
+def _messages() -> list[tuple[str, list[str]]]:
+    """The literal text of every exception and warning the package raises or gives, per call site."""
+    found = []
+    for path in sorted(SRC.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            call = None
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+                # AttributeError from a __getattr__ is Python's attribute protocol, not a message of the package
+                call = node.exc if ast.unparse(node.exc.func) != "AttributeError" else None
+            elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("_compat.warn", "warn", "warnings.warn"):
+                call = node
+            if call is not None and call.args:
+                parts = _constant_parts(call.args[0])
+                if parts:
+                    found.append((f"{path.name}:{call.lineno}", parts))
+    return found
+
+
+def _normalized(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_every_error_and_warning_is_documented():
+    """The docs quote each message the package can emit (most in the guide), verbatim apart from the run's values."""
+    docs = _normalized("\n".join(page.read_text(encoding="utf-8") for page in PAGES))
+    messages = _messages()
+    assert len(messages) >= 10
+    for where, parts in messages:
+        for part in parts:
+            part = _normalized(part)
+            if len(part) >= 12:  # the pieces between the values; short ones such as ", but " say nothing
+                assert part in docs, f"{where}: no page of docs/ quotes {part!r}"
+
+
+def test_readme_links_the_guide():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)]+)\)", readme)
+    assert "docs/guide.md" in links
+    assert (DOCS / "guide.md").read_text(encoding="utf-8").startswith("# Resuming training mid-epoch\n")
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", header[16:24])
+
+
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_timeline_figure_is_generated_by_its_script(tmp_path):
+    script = _load(DOCS / "_static" / "make_timeline.py")
+    script.draw(tmp_path / "timeline.png")
+    assert _png_size(tmp_path / "timeline.png") == _png_size(DOCS / "_static" / "timeline.png")
+
+
+def _inventory_lines(data: bytes) -> list[str]:
+    header_end = 0
+    for _ in range(4):
+        header_end = data.index(b"\n", header_end) + 1
+    return zlib.decompress(data[header_end:]).decode().splitlines()
+
+
+def test_inventories_are_generated_by_their_script():
+    script = _load(DOCS / "_inventories" / "make_inventories.py")
+    for filename, objects in (("torch.inv", script.TORCH), ("lightning.inv", script.LIGHTNING)):
+        committed = _inventory_lines((DOCS / "_inventories" / filename).read_bytes())
+        assert committed == _inventory_lines(script.inventory("", "", objects)), filename

@@ -87,3 +87,17 @@ def test_importing_the_package_changes_no_lightning_class():
     )
     completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert completed.stdout.strip() == "untouched", completed.stderr[-2000:]
+
+
+def test_check_fetcher_names_what_is_missing():
+    from lightning.pytorch.loops.fetchers import _PrefetchDataFetcher
+    from lightning.pytorch.utilities import CombinedLoader
+
+    fetcher = _PrefetchDataFetcher()
+    fetcher.setup(CombinedLoader([[1, 2]]))
+    _compat.check_fetcher(fetcher)
+    del fetcher.fetched
+    fetcher._combined_loader._limits = None
+    del fetcher._combined_loader._limits
+    with pytest.raises(RuntimeError, match=r"train data fetcher lacks fetcher\.fetched, combined_loader\._limits"):
+        _compat.check_fetcher(fetcher)

@@ -34,10 +34,10 @@ REQUIRED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
         "_combined_loader",
         "_last_train_dl_reload_epoch",
         "_loaded_from_state_dict",
-        "_should_reload_train_dl",
         "epoch_progress",
         "restarted_mid_epoch",
         "restarted_on_epoch_end",
+        "restarted_on_epoch_start",
         "update_restart_stage",
         "setup_data",
         "on_advance_start",
@@ -57,6 +57,20 @@ REQUIRED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
         "reset",
     ),
 }
+
+#: Private attributes of the train data fetcher (created inside ``setup_data``, checked when it is taken over) and of
+#: the ``CombinedLoader`` it iterates.
+REQUIRED_FETCHER_ATTRIBUTES = (
+    "fetched",
+    "iterator",
+    "length",
+    "done",
+    "reset",
+    "combined_loader",
+    "_start_profiler",
+    "_stop_profiler",
+)
+REQUIRED_COMBINED_LOADER_ATTRIBUTES = ("_iterator", "_mode", "_limits", "flattened")
 
 #: The warning stock Lightning gives when it resumes mid-epoch without a resumable loader; ours replaces it.
 STOCK_NOT_RESUMABLE_WARNING = "You're resuming from a checkpoint that ended before the epoch ended"
@@ -100,6 +114,30 @@ def check_supported(trainer: Trainer) -> None:
             f"lightning-midepoch cannot run with {package} {installed}: the trainer's loops lack {', '.join(missing)}."
             f" Supported releases are {package}{SUPPORTED_RANGE}. If you replaced the fit loop with your own, keep"
             " Lightning's attributes on it."
+        )
+
+
+def check_fetcher(fetcher: object) -> None:
+    """Fail clearly if the train data fetcher or its ``CombinedLoader`` lacks a private name the overrides use.
+
+    Raises:
+        RuntimeError: Naming what is missing.
+
+    """
+    missing = [f"fetcher.{name}" for name in REQUIRED_FETCHER_ATTRIBUTES if not hasattr(fetcher, name)]
+    combined_loader = getattr(fetcher, "_combined_loader", None)
+    if combined_loader is not None:
+        missing += [
+            f"combined_loader.{name}"
+            for name in REQUIRED_COMBINED_LOADER_ATTRIBUTES
+            if not hasattr(combined_loader, name)
+        ]
+        if not hasattr(sys.modules[type(combined_loader).__module__], "_SUPPORTED_MODES"):
+            missing.append("combined_loader module._SUPPORTED_MODES")
+    if missing:
+        raise RuntimeError(
+            f"lightning-midepoch cannot run with {namespace(fetcher)} {lightning_version(fetcher)}: its train data"
+            f" fetcher lacks {', '.join(missing)}. Supported releases are {namespace(fetcher)}{SUPPORTED_RANGE}."
         )
 
 

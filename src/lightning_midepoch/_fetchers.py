@@ -67,6 +67,7 @@ class _ResumableDataFetcher(_DataFetcherBase):
     @override
     def setup(self, combined_loader: CombinedLoader) -> None:
         super().setup(combined_loader)
+        _compat.check_fetcher(self)
         self._midepoch.attach(combined_loader)
 
     @override

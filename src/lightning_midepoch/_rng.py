@@ -260,14 +260,3 @@ def states_equal(first: Any, second: Any) -> bool:
     if isinstance(first, (list, tuple)) and isinstance(second, (list, tuple)):
         return len(first) == len(second) and all(states_equal(a, b) for a, b in zip(first, second))
     return bool(first == second)
-
-
-def state_nbytes(state: Any) -> int:
-    """Approximate size of a captured state: tensor bytes plus 8 bytes per scalar."""
-    if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
-    if isinstance(state, Mapping):
-        return sum(state_nbytes(v) for v in state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(state_nbytes(v) for v in state)
-    return 8

@@ -48,6 +48,7 @@ from torch.utils.data import (
 
 from lightning_midepoch.__about__ import __version__
 from lightning_midepoch._order import _IndexSamplerRecorder
+from lightning_midepoch._sampling import _has_stock_iter
 
 STATE_VERSION = 1
 
@@ -122,7 +123,7 @@ def describe_order(sampler: Any) -> tuple[str, bool]:
     """
     sampler = _unwrap(sampler)
     name = type(sampler).__name__
-    if isinstance(sampler, BatchSampler) and type(sampler).__iter__ is BatchSampler.__iter__:
+    if _has_stock_iter(sampler, BatchSampler):
         inner, determined = describe_order(sampler.sampler)
         return f"{name} over {inner}", determined
     if isinstance(sampler, SequentialSampler):
@@ -132,10 +133,6 @@ def describe_order(sampler: Any) -> tuple[str, bool]:
     if isinstance(sampler, RandomSampler):
         return f"{name} ({'own generator' if sampler.generator is not None else 'global torch RNG'})", False
     return f"{name} (custom)", False
-
-
-def _stock(sampler: Any, cls: type) -> bool:
-    return isinstance(sampler, cls) and getattr(type(sampler), "__iter__", None) is getattr(cls, "__iter__", None)
 
 
 def global_order(index_sampler: Any) -> dict[str, Any] | None:
@@ -153,10 +150,10 @@ def global_order(index_sampler: Any) -> dict[str, Any] | None:
     """
     sampler = _unwrap(index_sampler)
     batch_drop_last = False
-    if _stock(sampler, BatchSampler):
+    if _has_stock_iter(sampler, BatchSampler):
         batch_drop_last = bool(sampler.drop_last)
         sampler = sampler.sampler
-    if _stock(sampler, DistributedSampler):
+    if _has_stock_iter(sampler, DistributedSampler):
         return {
             "kind": "distributed",
             "seed": sampler.seed,
@@ -164,9 +161,13 @@ def global_order(index_sampler: Any) -> dict[str, Any] | None:
             "drop_last": bool(sampler.drop_last),
             "batch_drop_last": batch_drop_last,
         }
-    if _stock(sampler, SequentialSampler):
+    if _has_stock_iter(sampler, SequentialSampler):
         return {"kind": "sequential", "batch_drop_last": batch_drop_last}
-    if _stock(sampler, RandomSampler) and not sampler.replacement and sampler.num_samples == len(sampler.data_source):
+    if (
+        _has_stock_iter(sampler, RandomSampler)
+        and not sampler.replacement
+        and sampler.num_samples == len(sampler.data_source)
+    ):
         return {"kind": "random", "own_generator": sampler.generator is not None, "batch_drop_last": batch_drop_last}
     return None
 

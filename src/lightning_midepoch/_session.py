@@ -46,10 +46,10 @@ def _mix_in(obj: object, mixin: type) -> type:
 class _Session:
     """The state and actions of mid-epoch resume for one trainer during one ``fit``."""
 
-    def __init__(self, trainer: Trainer, on_mismatch: OnMismatch, loaded: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, trainer: Trainer, on_mismatch: OnMismatch) -> None:
         self.trainer = trainer
         self.on_mismatch = on_mismatch
-        self.loaded: Mapping[str, Any] | None = loaded
+        self.loaded: Mapping[str, Any] | None = None  # the checkpoint's state, once Lightning restored the callback
         self.loaders: list[Any] = []
         self.recorders: list[_IndexSamplerRecorder | None] = []
         self.combined_loader: CombinedLoader | None = None

@@ -1,6 +1,6 @@
 """One training run on CPU with DDP (gloo), as a script: Lightning's DDP launcher runs it once per rank.
 
-``python tests/ddp_job.py OUT --devices 2 [--crash EPOCH BATCH] [--resume CKPT] [--config JSON]`` trains the
+``python tests/ddp_job.py OUT --devices 2 [--crash EPOCH BATCH] [--resume CKPT] [--config JSON] [--stock]`` trains the
 harness model and writes ``OUT/rank{r}.pt`` (the batches each rank trained, the final parameters and random states);
 with ``--crash`` every rank writes the checkpoint ``OUT/crash.ckpt`` in ``on_train_batch_end`` and stops.
 """
@@ -13,6 +13,7 @@ import random
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -21,7 +22,7 @@ import contextlib
 import numpy as np
 import torch
 
-from harness import Config, Crash, CrashCallback, CrashPoint, L, Model
+from harness import Config, Crash, CrashCallback, CrashPoint, L, Model, ModelCheckpoint
 from lightning_midepoch import MidEpochResume
 
 
@@ -33,6 +34,47 @@ class DivergeRanks(L.Callback):
         torch.rand(draws), np.random.rand(draws), [random.random() for _ in range(draws)]
 
 
+class CountSaves(L.Callback):
+    """Counts this rank's torch.save calls during training (stock Lightning makes none on ranks other than 0)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        save = torch.save
+
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return save(*args, **kwargs)
+
+        torch.save = counting  # type: ignore[assignment]
+        self.restore = save
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        torch.save = self.restore  # type: ignore[assignment]
+
+
+class Report(L.Callback):
+    """Writes what this rank trained at the end of fit (spawned ranks have no code after ``fit`` of their own)."""
+
+    def __init__(self, out: Path, saves: CountSaves) -> None:
+        self.out, self.saves = out, saves
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        _write(self.out, trainer, pl_module, self.saves)
+
+
+def _write(out: Path, trainer: L.Trainer, model: Any, saves: CountSaves) -> None:
+    result = {
+        "seen": model.seen,
+        "params": {name: value.detach().clone() for name, value in model.state_dict().items()},
+        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()[1].copy(), "python": random.getstate()},
+        "world_size": trainer.world_size,
+        "saves": saves.count,
+    }
+    torch.save(result, out / f"rank{trainer.global_rank}.pt")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -40,6 +82,9 @@ def main() -> None:
     parser.add_argument("--crash", type=int, nargs=2, metavar=("EPOCH", "BATCH"))
     parser.add_argument("--resume")
     parser.add_argument("--config", default="{}")
+    parser.add_argument("--stock", action="store_true", help="without MidEpochResume (the transparency reference)")
+    parser.add_argument("--strategy", default="ddp", choices=["ddp", "ddp_spawn"])
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="ModelCheckpoint(every_n_train_steps=N)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -49,10 +94,17 @@ def main() -> None:
     model = Model(config)
     if args.resume:  # a fresh process's states (PL_GLOBAL_SEED, which seeds the injected sampler, stays the same)
         torch.manual_seed(77), np.random.seed(77), random.seed(77)
-    callbacks: list[L.Callback] = [MidEpochResume(), DivergeRanks()]
+    saves = CountSaves()
+    callbacks: list[L.Callback] = [DivergeRanks(), saves] if args.stock else [MidEpochResume(), DivergeRanks(), saves]
+    spawned = args.strategy == "ddp_spawn"
+    if spawned:
+        callbacks.append(Report(out, saves))
+    if args.checkpoint_every:
+        every = args.checkpoint_every
+        callbacks.append(ModelCheckpoint(dirpath=out / "checkpoints", every_n_train_steps=every, save_top_k=-1))
     if args.crash:
         callbacks.append(CrashCallback(CrashPoint("train_batch_end", *args.crash), out / "crash.ckpt"))
-    strategy = "ddp" if args.devices > 1 else "auto"
+    strategy = args.strategy if args.devices > 1 else "auto"
     trainer = L.Trainer(
         accelerator="cpu",
         devices=args.devices,
@@ -60,7 +112,7 @@ def main() -> None:
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        enable_checkpointing=False,
+        enable_checkpointing=bool(args.checkpoint_every),
         num_sanity_val_steps=0,
         callbacks=callbacks,
         default_root_dir=out,
@@ -68,13 +120,8 @@ def main() -> None:
     )
     with contextlib.suppress(Crash):
         trainer.fit(model, ckpt_path=args.resume)
-    result = {
-        "seen": model.seen,
-        "params": {name: value.detach().clone() for name, value in model.state_dict().items()},
-        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()[1].copy(), "python": random.getstate()},
-        "world_size": trainer.world_size,
-    }
-    torch.save(result, out / f"rank{trainer.global_rank}.pt")
+    if not spawned:
+        _write(out, trainer, model, saves)
 
 
 if __name__ == "__main__":

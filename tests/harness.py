@@ -12,7 +12,7 @@ import math
 import os
 import random
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -135,6 +135,7 @@ class Config:
     combined: str | None = None  # a CombinedLoader of a long and a short loader, in this mode
     iterable: str | None = None  # "stateful" / "plain": train on an IterableDataset instead
     hook_draws: bool = True  # the model's hooks draw from torch, numpy and python RNGs
+    pulls: int = 0  # training_step(self, dataloader_iter) pulling this many batches per step
 
     def loaders(self, model: Model) -> Any:
         if self.iterable is not None:
@@ -148,7 +149,7 @@ class Config:
         dataset = IndexedDataset(self.dataset_size, offset=0 if self.dataset_size != 6 else 1000)
         model.datasets.append(dataset)
         common: dict[str, Any] = {"num_workers": self.num_workers, "persistent_workers": self.persistent_workers}
-        batching = {"batch_size": self.batch_size, "drop_last": self.drop_last}
+        batching = {"batch_size": model.batch_size, "drop_last": self.drop_last}
         if self.loader == "shuffle":
             return DataLoader(dataset, shuffle=True, **batching, **common)
         if self.loader == "sequential":
@@ -205,6 +206,7 @@ class Model(L.LightningModule):
     def __init__(self, config: Config) -> None:
         super().__init__()
         self.config = config
+        self.batch_size = config.batch_size  # what Lightning's batch size finder scales
         self.net = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.3), nn.Linear(16, 1))
         self.seen: list[tuple[int, int, tuple[int, ...]]] = []
         self.validated: list[tuple[int, int]] = []
@@ -261,9 +263,34 @@ class Model(L.LightningModule):
         _, x, y = batch
         self.log("val_loss", nn.functional.mse_loss(self.net(x), y) + 1e-3 * torch.rand(()))
 
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        _, x, y = batch
+        self.log("test_loss", nn.functional.mse_loss(self.net(x), y) + 1e-3 * torch.rand(()))
+
+    def predict_step(self, batch: Any, batch_idx: int) -> Any:
+        _, x, _ = batch
+        return self.net(x) + torch.rand(())
+
+    def test_dataloader(self) -> Any:
+        return DataLoader(IndexedDataset(6, offset=700), batch_size=2, shuffle=True)
+
+    def predict_dataloader(self) -> Any:
+        return DataLoader(IndexedDataset(6, offset=900), batch_size=2, shuffle=True)
+
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
         return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.9)]
+
+
+class IterStepModel(Model):
+    """``training_step(self, dataloader_iter)``: each step pulls ``config.pulls`` batches itself."""
+
+    def training_step(self, dataloader_iter: Any) -> Any:  # type: ignore[override]
+        loss = torch.zeros(())
+        for _ in range(self.config.pulls):
+            batch, batch_idx, _ = next(dataloader_iter)  # StopIteration ends the epoch, as in stock Lightning
+            loss = loss + self._loss(batch, batch_idx)
+        return loss
 
 
 class Crash(Exception):
@@ -384,10 +411,16 @@ def run(
     seed: int = 1,
     extra_callbacks: list[L.Callback] | None = None,
     weights_only: bool | None = None,
+    before_fit: Callable[[L.Trainer, Model], Any] | None = None,
+    **trainer_kwargs: Any,
 ) -> RunResult:
-    """Train once. A resumed run passes ``ckpt_path`` and a different ``seed`` (a fresh process's states)."""
+    """Train once. A resumed run passes ``ckpt_path`` and a different ``seed`` (a fresh process's states).
+
+    ``before_fit`` runs with the trainer and model just before ``trainer.fit`` (a tuner, say); extra keyword
+    arguments go to the ``Trainer``.
+    """
     L.seed_everything(seed, verbose=False)
-    model = Model(config)
+    model = (IterStepModel if config.pulls else Model)(config)
     if ckpt_path is not None:  # the weights come from the checkpoint; the process-wide states must not matter
         L.seed_everything(seed + 1000, verbose=False)
     callbacks: list[L.Callback] = [MidEpochResume()] if callback else []
@@ -415,7 +448,7 @@ def run(
         deterministic=True,
         callbacks=callbacks,
         default_root_dir=tmp_path,
-        **config.trainer_kwargs(),
+        **{**config.trainer_kwargs(), **trainer_kwargs},
     )
     crashed = False
     if crash is not None and crash.hook == "exception":
@@ -423,6 +456,8 @@ def run(
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
         warnings.filterwarnings("ignore", message=".*The number of training batches.*")
+        if before_fit is not None:
+            before_fit(trainer, model)
         try:
             # `weights_only` arrived in Lightning 2.6
             trainer.fit(model, ckpt_path=ckpt_path, **({} if weights_only is None else {"weights_only": weights_only}))
@@ -444,9 +479,34 @@ class Comparison:
     resumed: RunResult
 
 
+_UNINTERRUPTED: dict[tuple[Config, bool, str], RunResult] = {}
+
+
+def uninterrupted(config: Config, tmp_path: Path, *, callback: bool = True) -> RunResult:
+    """The uninterrupted run of ``config`` (deterministic, so run once per test session and shared)."""
+    key = (config, callback, NAMESPACE)
+    if key not in _UNINTERRUPTED:
+        _UNINTERRUPTED[key] = run(config, tmp_path, callback=callback)
+    return _UNINTERRUPTED[key]
+
+
+def assert_transparent(config: Config, tmp_path: Path) -> None:
+    """The uninterrupted run with the callback is the same run as without it: batches, validation, final state."""
+    ours = uninterrupted(config, tmp_path / "full", callback=True)
+    stock = uninterrupted(config, tmp_path / "stock", callback=False)
+    assert ours.seen == stock.seen
+    assert ours.model.validated == stock.model.validated
+    assert_same_state(ours, stock)
+
+
 def interrupt_and_resume(config: Config, crash: CrashPoint, tmp_path: Path, *, callback: bool = True) -> Comparison:
-    """The uninterrupted run, the run that crashes at ``crash``, and the run resumed from its checkpoint."""
-    full = run(config, tmp_path / "full", callback=callback)
+    """The uninterrupted run, the run that crashes at ``crash``, and the run resumed from its checkpoint.
+
+    With the callback, the uninterrupted run is also checked to be the same as stock Lightning's.
+    """
+    if callback:
+        assert_transparent(config, tmp_path)
+    full = uninterrupted(config, tmp_path / "full", callback=callback)
     interrupted = run(config, tmp_path / "interrupted", callback=callback, crash=crash)
     assert interrupted.crashed, f"the run never reached {crash}"
     if crash.inside_training_step:  # that batch is not in the checkpoint; the resumed run trains it
@@ -458,7 +518,8 @@ def interrupt_and_resume(config: Config, crash: CrashPoint, tmp_path: Path, *, c
 
 def resume_repeatedly(config: Config, crashes: list[CrashPoint], tmp_path: Path) -> Comparison:
     """Crash at each point in turn, each time resuming from the previous crash's checkpoint; then finish."""
-    full = run(config, tmp_path / "full")
+    assert_transparent(config, tmp_path)
+    full = uninterrupted(config, tmp_path / "full")
     runs: list[RunResult] = []
     ckpt: Path | None = None
     for index, crash in enumerate(crashes):
@@ -492,6 +553,17 @@ def _equal(first: Any, second: Any) -> bool:
     return bool(first == second)
 
 
+def assert_same_state(first: RunResult, second: RunResult) -> None:
+    """Bitwise the same weights, optimizer and scheduler states, step and process-wide random streams."""
+    for (name, expected), actual in zip(first.model.named_parameters(), second.model.parameters()):
+        assert torch.equal(expected, actual), f"parameter {name} differs"
+    assert _equal(first.trainer.optimizers[0].state_dict(), second.trainer.optimizers[0].state_dict())
+    for expected, actual in zip(first.trainer.lr_scheduler_configs, second.trainer.lr_scheduler_configs):
+        assert _equal(expected.scheduler.state_dict(), actual.scheduler.state_dict())
+    assert first.trainer.global_step == second.trainer.global_step
+    assert _equal(first.rng, second.rng)
+
+
 def assert_exact(comparison: Comparison) -> None:
     """The three points of "exact": batches, final state, and the continuation into later epochs."""
     full, interrupted, resumed = comparison.full, comparison.interrupted, comparison.resumed
@@ -499,12 +571,6 @@ def assert_exact(comparison: Comparison) -> None:
     assert interrupted.seen == full.seen[:done]
     # exactly the remaining batches, in order, with the same batch_idx and current_epoch (later epochs included)
     assert resumed.seen == full.seen[done:]
-    for (name, expected), actual in zip(full.model.named_parameters(), resumed.model.parameters()):
-        assert torch.equal(expected, actual), f"parameter {name} differs"
-    assert _equal(full.trainer.optimizers[0].state_dict(), resumed.trainer.optimizers[0].state_dict())
-    for expected, actual in zip(full.trainer.lr_scheduler_configs, resumed.trainer.lr_scheduler_configs):
-        assert _equal(expected.scheduler.state_dict(), actual.scheduler.state_dict())
-    assert full.trainer.global_step == resumed.trainer.global_step
     assert interrupted.model.validated + resumed.model.validated == full.model.validated
-    # the process-wide random streams continue identically to the end
-    assert _equal(full.rng, resumed.rng)
+    # weights, optimizer and scheduler, and the process-wide random streams continue identically to the end
+    assert_same_state(full, resumed)

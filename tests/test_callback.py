@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import warnings
 from dataclasses import replace
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -252,3 +259,135 @@ def test_configured_from_a_lightning_cli_yaml(tmp_path):
     config.write_text(config.read_text().replace("restart_epoch", "ignore"))
     with pytest.raises(SystemExit):
         LightningCLI(L.LightningModule, run=False, args=["--config", str(config)], save_config_callback=None)
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _python(code: str, **env: str) -> str:
+    """Run ``code`` in a fresh interpreter (which Lightning namespaces are imported is per process)."""
+    completed = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=TESTS,
+        env={**os.environ, "PYTHONPATH": str(TESTS), **env},
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    return completed.stdout
+
+
+def test_imports_no_lightning_namespace_the_user_has_not_imported():
+    assert importlib.util.find_spec("pytorch_lightning") is not None, "the test needs both namespaces installed"
+    out = _python(
+        """
+        import sys
+        import lightning.pytorch as L
+        from lightning_midepoch import MidEpochResume
+        L.Trainer(callbacks=[MidEpochResume()], logger=False, enable_checkpointing=False)
+        print(sorted(name for name in ("lightning", "pytorch_lightning") if name in sys.modules))
+        """
+    )
+    assert out.strip() == "['lightning']"
+
+
+def test_lightnings_log_messages_reach_a_lightning_users_logger():
+    """Lightning's own messages still go to the `lightning.pytorch` logger a user configured (and caplog reads)."""
+    out = _python(
+        """
+        import logging
+        import lightning.pytorch as L
+        from pathlib import Path
+        import tempfile
+        from harness import Config, run
+
+        class Stop(L.Callback):
+            def on_train_batch_end(self, trainer, *args):
+                trainer.should_stop = True
+
+        messages = []
+        handler = logging.Handler()
+        handler.emit = lambda record: messages.append(record.getMessage())
+        logging.getLogger("lightning.pytorch").addHandler(handler)
+        logging.getLogger("lightning.pytorch").setLevel(logging.DEBUG)
+        run(Config(), Path(tempfile.mkdtemp()), extra_callbacks=[Stop()])
+        print(any("`trainer.should_stop` was set" in message for message in messages))
+        """
+    )
+    assert out.strip().splitlines()[-1] == "True"
+
+
+def test_works_with_both_namespaces_in_one_process(tmp_path):
+    """The callback was imported with `lightning`; the user then trains with `pytorch_lightning` too."""
+    out = _python(
+        f"""
+        import lightning.pytorch
+        import lightning_midepoch.callback  # imported while only `lightning` is
+        from pathlib import Path
+        from harness import Config, CrashPoint, L, assert_exact, interrupt_and_resume  # pytorch_lightning
+        assert L.__name__ == "pytorch_lightning"
+        crash = CrashPoint("train_batch_end", epoch=1, batch=3)
+        assert_exact(interrupt_and_resume(Config(), crash, Path({str(tmp_path)!r})))
+        print("exact")
+        """,
+        MIDEPOCH_TEST_NAMESPACE="pytorch_lightning",
+    )
+    assert out.strip().splitlines()[-1] == "exact"
+
+
+class _Raise(L.Callback):
+    """Raises in on_train_batch_end of global step 3, once."""
+
+    def __init__(self, exception: BaseException) -> None:
+        self.exception: BaseException | None = exception
+        self.trainer: L.Trainer | None = None
+
+    def on_train_batch_end(self, trainer, *args):
+        self.trainer = trainer
+        if trainer.global_step == 3 and self.exception is not None:
+            exception, self.exception = self.exception, None
+            raise exception
+
+
+def _raise_then_fit_again(exception: BaseException, tmp_path, callback: bool, ckpt: bool) -> tuple[L.Trainer, Model]:
+    raising = _Raise(exception)
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises((RuntimeError, SystemExit)):  # Lightning exits after a KeyboardInterrupt
+            run(Config(), tmp_path, callback=callback, extra_callbacks=[raising])
+    finally:
+        signal.signal(signal.SIGINT, handler)  # Lightning ignores further Ctrl+C after a KeyboardInterrupt
+    trainer = raising.trainer
+    assert trainer is not None
+    model = trainer.lightning_module
+    if callback:  # nothing of the callback stays installed
+        assert type(trainer.fit_loop) is _FitLoop
+        assert type(trainer.fit_loop.epoch_loop) is _TrainingEpochLoop
+        assert not any(name.startswith("_midepoch") for name in vars(trainer.fit_loop))
+        assert type(trainer.train_dataloader.batch_sampler) is torch.utils.data.BatchSampler
+    path = None
+    if ckpt:
+        path = tmp_path / "after_exception.ckpt"
+        trainer.save_checkpoint(path)
+    trainer.fit(model, ckpt_path=path)
+    return trainer, model
+
+
+@pytest.mark.parametrize("exception", [RuntimeError("boom"), KeyboardInterrupt()], ids=["error", "ctrl-c"])
+def test_after_an_exception_a_second_fit_is_unchanged(exception, tmp_path):
+    _, ours = _raise_then_fit_again(exception, tmp_path / "ours", callback=True, ckpt=False)
+    _, stock = _raise_then_fit_again(exception, tmp_path / "stock", callback=False, ckpt=False)
+    assert ours.seen == stock.seen
+    for expected, actual in zip(stock.parameters(), ours.parameters()):
+        assert torch.equal(expected, actual)
+
+
+@pytest.mark.parametrize("exception", [RuntimeError("boom"), KeyboardInterrupt()], ids=["error", "ctrl-c"])
+def test_after_an_exception_a_second_fit_from_a_checkpoint_is_exact(exception, tmp_path):
+    """The checkpoint written after the exception records where it happened; fit resumes there exactly."""
+    _, model = _raise_then_fit_again(exception, tmp_path / "twice", callback=True, ckpt=True)
+    full = run(Config(), tmp_path / "full")
+    assert model.seen == full.seen
+    for expected, actual in zip(full.model.parameters(), model.parameters()):
+        assert torch.equal(expected, actual)

@@ -15,8 +15,18 @@ JOB = Path(__file__).resolve().parent / "ddp_job.py"
 DATASET = 24  # 12 samples (6 batches of 2) per rank on 2 devices: no padding, so coverage is exact
 
 
-def _train(out: Path, devices: int, config: dict, crash: tuple[int, int] | None = None, resume: Path | None = None):
-    command = [sys.executable, str(JOB), str(out), "--devices", str(devices), "--config", json.dumps(config)]
+def _train(
+    out: Path,
+    devices: int,
+    config: dict,
+    crash: tuple[int, int] | None = None,
+    resume: Path | None = None,
+    stock: bool = False,
+    extra: tuple[str, ...] = (),
+):
+    command = [sys.executable, str(JOB), str(out), "--devices", str(devices), "--config", json.dumps(config), *extra]
+    if stock:
+        command.append("--stock")
     if crash is not None:
         command += ["--crash", str(crash[0]), str(crash[1])]
     if resume is not None:
@@ -26,14 +36,40 @@ def _train(out: Path, devices: int, config: dict, crash: tuple[int, int] | None 
     return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(devices)]
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The uninterrupted runs, with and without the callback, shared by the tests of this module."""
+    runs: dict[tuple[int, str, bool], list] = {}
+
+    def train(devices: int, config: dict, stock: bool = False) -> list:
+        key = (devices, json.dumps(config, sort_keys=True), stock)
+        if key not in runs:
+            runs[key] = _train(tmp_path_factory.mktemp("uninterrupted"), devices, config, stock=stock)
+        return runs[key]
+
+    return train
+
+
+def _assert_same_end(first, second) -> None:
+    for rank, (f, s) in enumerate(zip(first, second)):
+        for name, value in f["params"].items():
+            assert torch.equal(value, s["params"][name]), f"rank {rank}: {name} differs"
+        assert torch.equal(f["rng"]["torch"], s["rng"]["torch"]), f"rank {rank}: torch random state differs"
+        assert (f["rng"]["numpy"] == s["rng"]["numpy"]).all(), f"rank {rank}: numpy random state differs"
+        assert f["rng"]["python"] == s["rng"]["python"], f"rank {rank}: python random state differs"
+
+
+def _assert_transparent(uninterrupted, devices: int, config: dict) -> None:
+    """The uninterrupted run with the callback is the same run as without it, on every rank."""
+    ours, stock = uninterrupted(devices, config), uninterrupted(devices, config, stock=True)
+    assert [rank["seen"] for rank in ours] == [rank["seen"] for rank in stock]
+    _assert_same_end(ours, stock)
+
+
 def _assert_same_continuation(full, interrupted, resumed) -> None:
     for rank, (f, i, r) in enumerate(zip(full, interrupted, resumed)):
         assert i["seen"] + r["seen"] == f["seen"], f"rank {rank} trained other batches"
-        for name, value in f["params"].items():
-            assert torch.equal(value, r["params"][name]), f"rank {rank}: {name} differs"
-        assert torch.equal(f["rng"]["torch"], r["rng"]["torch"]), f"rank {rank}: torch random state differs"
-        assert (f["rng"]["numpy"] == r["rng"]["numpy"]).all(), f"rank {rank}: numpy random state differs"
-        assert f["rng"]["python"] == r["rng"]["python"], f"rank {rank}: python random state differs"
+    _assert_same_end(full, resumed)
 
 
 @pytest.mark.parametrize(
@@ -49,8 +85,9 @@ def _assert_same_continuation(full, interrupted, resumed) -> None:
     ],
     ids=["injected-sampler", "explicit-sampler-workers-epoch-end", "accumulation"],
 )
-def test_ddp_resume_is_exact_on_every_rank(config, crash, tmp_path):
-    full = _train(tmp_path / "full", 2, config)
+def test_ddp_resume_is_exact_on_every_rank(config, crash, uninterrupted, tmp_path):
+    _assert_transparent(uninterrupted, 2, config)
+    full = uninterrupted(2, config)
     interrupted = _train(tmp_path / "interrupted", 2, config, crash=crash)
     checkpoint = torch.load(tmp_path / "interrupted" / "crash.ckpt", weights_only=True)
     ranks = checkpoint["callbacks"]["MidEpochResume"]["ranks"]
@@ -58,6 +95,24 @@ def test_ddp_resume_is_exact_on_every_rank(config, crash, tmp_path):
     assert not torch.equal(ranks[0]["rng"]["torch"], ranks[1]["rng"]["torch"])
     resumed = _train(tmp_path / "resumed", 2, config, resume=tmp_path / "interrupted" / "crash.ckpt")
     _assert_same_continuation(full, interrupted, resumed)
+    # the states travel to rank 0 without torch.save on the other ranks (stock Lightning calls it on rank 0 only)
+    assert interrupted[1]["saves"] == 0
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_checkpointing_every_few_steps_is_unchanged(strategy, tmp_path):
+    """ModelCheckpoint gathers every rank's states at each save: the run is still the stock run, on every rank."""
+    config = {"dataset_size": DATASET}
+    extra = ("--strategy", strategy, "--checkpoint-every", "2")
+    ours = _train(tmp_path / "ours", 2, config, extra=extra)
+    stock = _train(tmp_path / "stock", 2, config, extra=extra, stock=True)
+    assert [rank["seen"] for rank in ours] == [rank["seen"] for rank in stock]
+    _assert_same_end(ours, stock)
+    assert [rank["saves"] for rank in ours] == [rank["saves"] for rank in stock]
+    assert ours[0]["saves"] > 0
+    assert ours[1]["saves"] == 0
+    saved = torch.load(sorted((tmp_path / "ours" / "checkpoints").glob("*.ckpt"))[-1], weights_only=True)
+    assert len(saved["callbacks"]["MidEpochResume"]["ranks"]) == 2
 
 
 def _epoch_samples(results, epoch: int) -> Counter:
@@ -69,9 +124,12 @@ def _epoch_samples(results, epoch: int) -> Counter:
     [(2, 1, (1, 2)), (1, 2, (1, 4)), (2, 1, (1, 5))],
     ids=["2-to-1", "1-to-2", "2-to-1-at-the-epochs-last-batch"],
 )
-def test_elastic_resume_trains_every_remaining_sample_once(saved_on, resumed_on, crash, tmp_path):
+def test_elastic_resume_trains_every_remaining_sample_once(saved_on, resumed_on, crash, uninterrupted, tmp_path):
     config = {"dataset_size": DATASET, "hook_draws": False}
+    _assert_transparent(uninterrupted, saved_on, config)
     interrupted = _train(tmp_path / "interrupted", saved_on, config, crash=crash)
+    for rank, (before, full) in enumerate(zip(interrupted, uninterrupted(saved_on, config))):
+        assert before["seen"] == full["seen"][: len(before["seen"])], f"rank {rank} trained other batches"
     resumed = _train(tmp_path / "resumed", resumed_on, config, resume=tmp_path / "interrupted" / "crash.ckpt")
     epoch = crash[0]
     consumed, rest = _epoch_samples(interrupted, epoch), _epoch_samples(resumed, epoch)
@@ -86,9 +144,10 @@ def test_elastic_resume_trains_every_remaining_sample_once(saved_on, resumed_on,
     assert _epoch_samples(resumed, epoch + 1) == Counter(range(DATASET))
 
 
-def test_elastic_resume_twice_in_one_epoch(tmp_path):
+def test_elastic_resume_twice_in_one_epoch(uninterrupted, tmp_path):
     """2 devices, then 1, then 2 again, all inside epoch 1: still every sample of that epoch once."""
     config = {"dataset_size": DATASET, "hook_draws": False}
+    _assert_transparent(uninterrupted, 1, config)
     first = _train(tmp_path / "first", 2, config, crash=(1, 1))
     # on one device the rest of the epoch is its batches 4..11; crash after two of them
     second = _train(tmp_path / "second", 1, config, crash=(1, 5), resume=tmp_path / "first" / "crash.ckpt")

@@ -18,6 +18,7 @@ import torch
 
 from harness import Config, CrashPoint, checkpoint_path, run
 from lightning_midepoch import _inspect
+from lightning_midepoch import _state as S
 from lightning_midepoch.__main__ import main
 from lightning_midepoch._inspect import Counts, ResumePoint, analyse, batch_stage, epoch_stage, resume_point
 
@@ -489,18 +490,18 @@ def test_rank_without_random_states_has_caveats(ckpts, rank_1):
     assert "RNG states:         missing for rank(s) 1 of 2" in _inspect.render_text(report)
 
 
-def test_state_written_outside_fit_has_caveats(ckpts):
+def test_state_written_before_any_fit_has_caveats(ckpts):
     checkpoint = load(ckpts["stock_end"])
-    checkpoint["callbacks"]["MidEpochResume"] = {"version": 1, "loaders": [], "ranks": []}
+    checkpoint["callbacks"]["MidEpochResume"] = S.empty_state()
     report = analysed(checkpoint)
     assert report.verdict == "caveats"
     assert report.caveats == [
-        "The MidEpochResume state was written outside trainer.fit (e.g. by trainer.save_checkpoint after fit"
-        " returned) and holds no random states: the resumed run draws them afresh."
+        "The MidEpochResume state was written before the trainer trained with the callback (e.g. by"
+        " trainer.save_checkpoint before fit) and holds no random states: the resumed run draws them afresh."
     ]
     assert report.loaders == []
     text = _inspect.render_text(report)
-    assert "Train dataloaders:  none recorded (the state was written outside trainer.fit)" in text
+    assert "Train dataloaders:  none recorded (the state was written before the trainer trained)" in text
     assert "RNG states:         not saved" in text
 
 
@@ -729,3 +730,16 @@ def test_partial_gradients_are_reported(ckpts):
     checkpoint = load(ckpts["exact"])
     checkpoint["callbacks"]["MidEpochResume"]["ranks"][0]["grads"] = {"net.0.bias": torch.zeros(16)}
     assert any("inside a gradient accumulation group" in condition for condition in analysed(checkpoint).conditions)
+
+
+def test_a_checkpoint_written_after_training_stopped_early_continues_its_epoch(tmp_path):
+    """fit stopped by max_steps at epoch 1, batch_idx 2; Lightning counts epoch 1 as finished, the callback does not."""
+    stopped = run(Config(max_steps=13), tmp_path)
+    stopped.trainer.save_checkpoint(tmp_path / "after_fit.ckpt")
+    report = analysed(load(tmp_path / "after_fit.ckpt"))
+    assert report.resume == ResumePoint("stopped", epoch=1, batch=3, batches_trained=3, epoch_done=False)
+    assert report.resume.continues_epoch
+    assert report.verdict == "exact"
+    assert report.loaders[0].continues == "exactly"
+    text = _inspect.render_text(report)
+    assert "after training stopped early in epoch 1, after batch_idx 2" in text

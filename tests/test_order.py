@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 import random
 
 import numpy as np
@@ -30,9 +32,19 @@ def test_recorder_is_transparent():
     assert inner.sampler.epoch == 3
     recorder.drop_last = True
     assert inner.drop_last is True
-    assert "BatchSampler" in repr(recorder)
+    assert repr(recorder) == repr(inner)
     with pytest.raises(AttributeError):
         _ = recorder._midepoch_missing
+
+
+def test_recorder_pickles_and_copies_as_the_users_sampler():
+    loader, recorder = _recorded_loader(shuffle=True)
+    data = pickle.dumps(recorder)
+    assert b"_IndexSamplerRecorder" not in data
+    restored = pickle.loads(data)
+    assert type(restored) is BatchSampler
+    assert (restored.batch_size, type(restored.sampler), len(restored)) == (3, RandomSampler, 8)
+    assert type(copy.deepcopy(loader).batch_sampler) is BatchSampler
 
 
 def _scramble() -> None:

@@ -30,6 +30,7 @@ def test_saved_structure(tmp_path):
         "torch_version",
         "epoch",
         "fetched",
+        "stopped",
         "world_size",
         "mode",
         "elastic",
@@ -39,6 +40,7 @@ def test_saved_structure(tmp_path):
     assert state["elastic"] is None
     assert state["version"] == S.STATE_VERSION == 1
     assert (state["epoch"], state["fetched"], state["world_size"], state["mode"]) == (1, 4, 1, "max_size_cycle")
+    assert state["stopped"] is False
     assert state["loaders"] == [
         {
             "kind": "map",
@@ -176,7 +178,13 @@ def test_migrate_rejects(state, message):
 
 
 def test_migrate_current():
-    assert S.migrate({"version": 1, "loaders": []}) == {"version": 1, "loaders": []}
+    # states written before "stopped" existed were never saved after an early stop
+    assert S.migrate({"version": 1, "loaders": []}) == {"version": 1, "loaders": [], "stopped": False}
+    assert S.migrate({"version": 1, "stopped": True}) == {"version": 1, "stopped": True}
+
+
+def test_empty_state_records_no_position():
+    assert not S.records_position(S.migrate(S.empty_state()))
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,8 @@ SUPPORTED_RANGE = f">={SUPPORTED_MIN},<{SUPPORTED_BELOW}"
 
 #: Private attributes used, per object, checked on the live trainer before anything is installed.
 REQUIRED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    "trainer": ("_checkpoint_connector",),
+    "checkpoint_connector": ("_loaded_checkpoint",),
     "fit_loop": (
         "_data_fetcher",
         "_combined_loader",
@@ -39,8 +41,11 @@ REQUIRED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
         "restarted_on_epoch_end",
         "restarted_on_epoch_start",
         "update_restart_stage",
+        "restarting",
         "setup_data",
+        "load_state_dict",
         "on_advance_start",
+        "on_advance_end",
         "reset",
     ),
     "epoch_loop": (
@@ -48,6 +53,7 @@ REQUIRED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
         "_on_before_fetch",
         "_on_after_fetch",
         "_should_accumulate",
+        "_num_ready_batches_reached",
         "batch_progress",
         "restarted_on_train_batch_end",
         "reset_restart_stage",
@@ -102,7 +108,12 @@ def check_supported(trainer: Trainer) -> None:
             f" Install a supported release (`pip install '{package}{SUPPORTED_RANGE}'`) or remove the"
             " MidEpochResume callback."
         )
-    objects = {"fit_loop": trainer.fit_loop, "epoch_loop": trainer.fit_loop.epoch_loop}
+    objects = {
+        "trainer": trainer,
+        "checkpoint_connector": getattr(trainer, "_checkpoint_connector", None),
+        "fit_loop": trainer.fit_loop,
+        "epoch_loop": trainer.fit_loop.epoch_loop,
+    }
     missing = [
         f"{name}.{attribute}"
         for name, attributes in REQUIRED_ATTRIBUTES.items()
@@ -134,6 +145,8 @@ def check_fetcher(fetcher: object) -> None:
         ]
         if not hasattr(sys.modules[type(combined_loader).__module__], "_SUPPORTED_MODES"):
             missing.append("combined_loader module._SUPPORTED_MODES")
+    if not hasattr(sys.modules[type(fetcher).__module__], "_DataLoaderIterDataFetcher"):
+        missing.append("fetchers module._DataLoaderIterDataFetcher")
     if missing:
         raise RuntimeError(
             f"lightning-midepoch cannot run with {namespace(fetcher)} {lightning_version(fetcher)}: its train data"
@@ -171,6 +184,46 @@ def move_batch_progress(progress: Any, ready: int) -> None:
     for tracker, value in ((progress.current, None), (progress.total, delta)):
         for name in ("ready", "started", "processed", "completed"):
             setattr(tracker, name, ready if value is None else getattr(tracker, name) + value)
+
+
+def is_resuming(trainer: Trainer) -> bool:
+    """The fit loop's ``is_resuming`` (Lightning 2.6; 2.5 lacks it and re-creates the iterator, which 2.6 fixed)."""
+    return bool(getattr(trainer.fit_loop, "is_resuming", False))
+
+
+def restoring_checkpoint(trainer: Trainer) -> bool:
+    """Whether the trainer is restoring a checkpoint it loaded (not loop states a tuner copied)."""
+    return bool(trainer._checkpoint_connector._loaded_checkpoint)
+
+
+def steps_pull_batches(fetcher: object) -> bool:
+    """Whether ``training_step`` takes ``dataloader_iter`` and pulls its batches itself (as many as it likes)."""
+    stock = getattr(sys.modules[type(fetcher).__module__], "_DataLoaderIterDataFetcher", None)
+    return stock is not None and isinstance(fetcher, stock)
+
+
+def all_batches_reached(epoch_loop: Any) -> bool:
+    """Whether the training epoch loop has run every batch its epoch has (not stopped early)."""
+    return bool(epoch_loop._num_ready_batches_reached())
+
+
+def epoch_finished(progress: Any) -> bool:
+    """Whether the fit loop's epoch progress counts its current epoch as finished (or none started)."""
+    current = progress.current
+    return bool(current.ready == current.started == current.processed == current.completed)
+
+
+def start_batch_progress_afresh(progress: Any) -> None:
+    """Count no batch of the current epoch yet (the epoch loop's batch progress, totals kept)."""
+    progress.current.reset()
+    progress.is_last_batch = False
+
+
+def reopen_epoch(progress: Any, epoch: int) -> None:
+    """Count epoch ``epoch`` of the fit loop's epoch progress as started but not finished (resumed mid-epoch)."""
+    for tracker in (progress.current, progress.total):
+        if tracker.started == epoch + 1:
+            tracker.processed = tracker.completed = epoch
 
 
 def interrupted(trainer: Trainer) -> bool:

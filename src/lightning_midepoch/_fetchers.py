@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from typing_extensions import override
 
 from lightning_midepoch import _compat
+from lightning_midepoch._mixin import stock_reduce
 
 if TYPE_CHECKING:
     from lightning.pytorch.loops.fetchers import _DataFetcher as _DataFetcherBase
@@ -35,6 +36,7 @@ class _ResumableDataFetcher(_DataFetcherBase):
     """Mixed into the trainer's train data fetcher (any ``_DataFetcher`` subclass) by :class:`_Session`."""
 
     _midepoch: _Session
+    __reduce_ex__ = stock_reduce
 
     # Lightning calls `_start_profiler` right before every fetch from the loaders (prefetches included): the moment
     # an iterable dataset's own position must be read, so that a checkpoint saves the position of the first batch
@@ -63,6 +65,13 @@ class _ResumableDataFetcher(_DataFetcherBase):
     def _midepoch_after_fetch(self) -> None:
         self.__dict__.get("_midepoch_stop_profiler", _nothing)()
         self._midepoch.after_fetch()
+
+    def _midepoch_stock_state(self) -> dict[str, Any]:
+        state = {name: value for name, value in vars(self).items() if not name.startswith("_midepoch")}
+        for name in ("_start_profiler", "_stop_profiler"):
+            if f"_midepoch{name}" in vars(self):
+                state[name] = vars(self)[f"_midepoch{name}"]
+        return state
 
     @override
     def setup(self, combined_loader: CombinedLoader) -> None:

@@ -61,6 +61,7 @@ IN_BATCH = "in_batch"
 BETWEEN_BATCHES = "between_batches"
 EPOCH_END = "epoch_end"
 BETWEEN_EPOCHS = "between_epochs"
+STOPPED = "stopped"  # after the training loop stopped before the epoch's end (max_steps, max_time, should_stop)
 UNKNOWN = "unknown"
 
 # how a train dataloader continues (``LoaderReport.continues``)
@@ -158,7 +159,7 @@ class ResumePoint:
 
     Attributes:
         saved_at: Where the checkpoint was written (``epoch_start``, ``batch_end``, ``in_batch``,
-            ``between_batches``, ``epoch_end``, ``between_epochs`` or ``unknown``).
+            ``between_batches``, ``epoch_end``, ``between_epochs``, ``stopped`` or ``unknown``).
         epoch: The epoch the resumed run continues (or starts).
         batch: The ``batch_idx`` it continues with: batches of ``epoch`` consumed. ``None`` when unknown.
         batches_trained: Batches of ``epoch`` the checkpoint's weights were trained on. ``None`` when unknown.
@@ -176,7 +177,7 @@ class ResumePoint:
     @property
     def continues_epoch(self) -> bool:
         """The resumed run trains more batches of an epoch already under way, so that epoch's order matters."""
-        return self.saved_at in (BATCH_END, IN_BATCH, BETWEEN_BATCHES) and not self.epoch_done
+        return self.saved_at in (BATCH_END, IN_BATCH, BETWEEN_BATCHES, STOPPED) and not self.epoch_done
 
 
 def resume_point(
@@ -308,6 +309,15 @@ def _str_or_none(value: object) -> str | None:
 
 def _progress_point(checkpoint: Mapping[str, Any]) -> ResumePoint:
     fit_loop = _get(checkpoint, "loops", "fit_loop")
+    state = _get(checkpoint, "callbacks", STATE_KEY)
+    fetched = _get(state, S.KEY_FETCHED)
+    ready = _get(fit_loop, "epoch_loop.batch_progress", "current", "ready")
+    if _get(state, S.KEY_STOPPED) is True and fetched == ready:
+        # training stopped early (max_steps, max_time, trainer.should_stop): Lightning counts the epoch as finished,
+        # MidEpochResume continues it
+        epoch_of_stop = _get(state, S.KEY_EPOCH)
+        if isinstance(epoch_of_stop, int) and isinstance(fetched, int):
+            return ResumePoint(STOPPED, epoch_of_stop, fetched, fetched, False)
     epoch_total = Counts.parse(_get(fit_loop, "epoch_progress", "total"))
     batch_total = Counts.parse(_get(fit_loop, "epoch_loop.batch_progress", "total"))
     batch_current = Counts.parse(_get(fit_loop, "epoch_loop.batch_progress", "current"))
@@ -338,11 +348,13 @@ def _state_problem(state: Mapping[str, Any], epoch: int) -> str | None:
     if not isinstance(ranks, list) or not all(rank is None or isinstance(rank, Mapping) for rank in ranks):
         return f"'{S.KEY_RANKS}' is not a list of dicts"  # None: a rank whose states could not be gathered
     if not loaders and not ranks:
-        return None  # written outside trainer.fit: nothing in progress
+        return None  # written before the trainer trained with the callback: nothing in progress
     world_size = state.get(S.KEY_WORLD_SIZE)
     if not _is_int(world_size) or world_size < 1:
         return f"'{S.KEY_WORLD_SIZE}' is not a positive int"
-    if state.get(S.KEY_EPOCH) != epoch:
+    # written once training stopped early: Lightning may already count the stopped epoch as finished, the state not
+    expected = (epoch - 1, epoch) if state.get(S.KEY_STOPPED) is True else (epoch,)
+    if state.get(S.KEY_EPOCH) not in expected:
         return f"its epoch ({state.get(S.KEY_EPOCH)!r}) is not the checkpoint's ({epoch})"
     if not isinstance(state.get(S.KEY_MODE), str):
         return f"'{S.KEY_MODE}' is not a str"
@@ -587,8 +599,8 @@ def _analyse_state(report: Report, checkpoint: Mapping[str, Any], raw_state: obj
     if not ranks:
         report.loaders = []
         report.caveats.append(
-            "The MidEpochResume state was written outside trainer.fit (e.g. by trainer.save_checkpoint after fit"
-            " returned) and holds no random states: the resumed run draws them afresh."
+            "The MidEpochResume state was written before the trainer trained with the callback (e.g. by"
+            " trainer.save_checkpoint before fit) and holds no random states: the resumed run draws them afresh."
         )
         return
     world_size: int = state[S.KEY_WORLD_SIZE]
@@ -756,6 +768,11 @@ def _saved_text(point: ResumePoint) -> str:
         return f"at the end of epoch {epoch - 1} (on_train_epoch_end)"
     if point.saved_at == BETWEEN_EPOCHS:
         return "before the first epoch" if epoch == 0 else f"between epochs, after epoch {epoch - 1} finished"
+    if point.saved_at == STOPPED and trained is not None:
+        return (
+            f"after training stopped early in epoch {epoch}, after batch_idx {trained - 1} (max_steps, max_time or"
+            " trainer.should_stop)"
+        )
     if trained is None:
         return "at a point inspect does not recognise"
     if point.saved_at == BATCH_END:
@@ -847,7 +864,7 @@ def _loader_lines(report: Report) -> list[str]:
         reason = "the checkpoint has no MidEpochResume state" if not report.state.present else "state unusable"
         return [f"Train dataloaders:  unknown ({reason})"]
     if not report.loaders:
-        return ["Train dataloaders:  none recorded (the state was written outside trainer.fit)"]
+        return ["Train dataloaders:  none recorded (the state was written before the trainer trained)"]
     lines = [f"Train dataloaders:  {len(report.loaders)} (CombinedLoader mode {report.state.mode!r})"]
     rows = [["#", "kind", "samples", "batch size", "drop_last", "batches", "consumed"]]
     for loader in report.loaders:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from typing_extensions import override
 
 from lightning_midepoch import _compat
+from lightning_midepoch._mixin import stock_reduce
 
 if TYPE_CHECKING:
     from lightning.pytorch.loops.fetchers import _DataFetcher
@@ -39,6 +40,7 @@ class _ResumableFitLoop(_FitLoopBase):
     """Mixed into the trainer's fit loop by :class:`_Session`."""
 
     _midepoch: _Session
+    __reduce_ex__ = stock_reduce
 
     @property
     def _data_fetcher(self) -> Any:
@@ -52,13 +54,19 @@ class _ResumableFitLoop(_FitLoopBase):
         self.__dict__["_data_fetcher"] = fetcher
 
     @override
+    def load_state_dict(self, state_dict: dict[str, Any], prefix: str = "") -> None:
+        super().load_state_dict(state_dict, prefix)
+        self._midepoch.loops_restored()
+
+    @override
     def setup_data(self) -> None:
-        first_after_resume = self._combined_loader is None and self._loaded_from_state_dict
+        first_after_resume = self._combined_loader is None and self._midepoch.resuming
         self._midepoch.hold_next_iter = first_after_resume
         try:
             super().setup_data()
         finally:
             self._midepoch.hold_next_iter = False
+            self._midepoch.trained = True
         n = _compat.reload_every_n_epochs(self.trainer)
         if first_after_resume and n and self._combined_loader is not None:
             # the uninterrupted run last reloaded at the latest multiple of n, not at the epoch it was resumed in
@@ -93,11 +101,17 @@ class _ResumableFitLoop(_FitLoopBase):
         self._midepoch.epoch_started()
         super().on_advance_start()
 
+    @override
+    def on_advance_end(self) -> None:
+        self._midepoch.epoch_loop_ended()
+        super().on_advance_end()
+
 
 class _ResumableTrainingEpochLoop(_EpochLoopBase):
     """Mixed into the trainer's training epoch loop by :class:`_Session`."""
 
     _midepoch: _Session
+    __reduce_ex__ = stock_reduce
 
     @override
     def reset(self) -> None:
@@ -123,7 +137,9 @@ class _ResumableTrainingEpochLoop(_EpochLoopBase):
         session = self._midepoch
         if session.iterator_held:
             session.start_resumed_epoch(self, data_fetcher)
-        elif self.trainer.current_epoch > 0 and not self.restarting:
+        elif self.trainer.current_epoch > 0 and not self.restarting and not _compat.is_resuming(self.trainer):
+            # as stock Lightning 2.6 does: an epoch after a restore (the fit loop's own or a tuner's) already has its
+            # iterator from setup_data
             iter(data_fetcher)
         data_fetcher.fetched += self.batch_progress.current.ready
         data_fetcher._start_profiler = self._on_before_fetch

@@ -144,7 +144,11 @@ class _IndexSamplerRecorder:
         return len(self._midepoch_inner)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._midepoch_inner!r})"
+        return repr(self._midepoch_inner)  # what users print is their own sampler
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # a loader pickled or copied during fit carries the user's own sampler, not the recorder (nor the trainer)
+        return self._midepoch_inner.__reduce_ex__(protocol)
 
     def start_epoch(self) -> None:
         """Called when the epoch's loader iterator is (re)created: the next pass is the epoch's first."""

@@ -18,7 +18,9 @@ from lightning_midepoch import _state as S
 from lightning_midepoch.__about__ import __version__
 from lightning_midepoch._fetchers import _ResumableDataFetcher
 from lightning_midepoch._loops import _ResumableFitLoop, _ResumableTrainingEpochLoop
+from lightning_midepoch._mixin import mix_in, unmix
 from lightning_midepoch._order import _IndexSamplerRecorder, _PassRecord, _Replay
+from lightning_midepoch._saving import Snapshot
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -27,20 +29,6 @@ if TYPE_CHECKING:
     from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
 OnMismatch = Literal["raise", "restart_epoch"]
-
-_MIXED_CLASSES: dict[tuple[type, type], type] = {}
-
-
-def _mix_in(obj: object, mixin: type) -> type:
-    """Put ``mixin`` in front of ``obj``'s class, on this instance only. Returns the class to restore later."""
-    original = type(obj)
-    if issubclass(original, mixin):
-        return original
-    key = (mixin, original)
-    if key not in _MIXED_CLASSES:
-        _MIXED_CLASSES[key] = type(f"{mixin.__name__}[{original.__name__}]", (mixin, original), {})
-    obj.__class__ = _MIXED_CLASSES[key]
-    return original
 
 
 class _Session:
@@ -69,13 +57,17 @@ class _Session:
         self.backward_done = False  # the current batch's backward has run
         self.fetching = False  # the training loop is creating or advancing its train iterator
         self._elastic: dict[str, Any] | None = None  # the epoch being finished on another world size
+        self._stopped: Snapshot | None = None  # the training loop stopped before the epoch's end: the state then
+        self.resuming = False  # this fit resumes from a checkpoint (the loops were restored before it trained)
+        self.trained = False  # the fit loop has set up its data: restores from now on are a tuner's, not a resume
+        self.entry_found = False  # the checkpoint resumed has a MidEpochResume entry (possibly an empty one)
 
     # ------------------------------------------------------------------ installing
     def install(self) -> None:
         """Put the loop overrides on this trainer's loops."""
         fit_loop = self.trainer.fit_loop
         for obj, mixin in ((fit_loop, _ResumableFitLoop), (fit_loop.epoch_loop, _ResumableTrainingEpochLoop)):
-            self._originals.append((obj, _mix_in(obj, mixin)))
+            self._originals.append((obj, mix_in(obj, mixin)))
             vars(obj)["_midepoch"] = self
         if fit_loop._data_fetcher is not None:  # pragma: no cover - Lightning creates it inside setup_data
             self.adopt_fetcher(fit_loop._data_fetcher)
@@ -84,13 +76,12 @@ class _Session:
         """Give the trainer its stock loops and the loaders their own index samplers back."""
         self._restore_samplers()
         for obj, original in reversed(self._originals):
-            obj.__class__ = original
-            vars(obj).pop("_midepoch", None)
+            unmix(obj, original)
         self._originals.clear()
 
     def adopt_fetcher(self, fetcher: _DataFetcher) -> None:
         """Take over the train data fetcher the fit loop just created."""
-        self._originals.append((fetcher, _mix_in(fetcher, _ResumableDataFetcher)))
+        self._originals.append((fetcher, mix_in(fetcher, _ResumableDataFetcher)))
         vars(fetcher)["_midepoch"] = self
         self.fetcher = fetcher
 
@@ -113,6 +104,7 @@ class _Session:
     def epoch_started(self) -> None:
         """Called before each epoch's ``on_train_epoch_start`` (and sampler epoch)."""
         self._epoch_start = _rng.capture_global(include_cuda=True)
+        self._stopped = None
 
     def after_fetch(self) -> None:
         """Called right after every fetch: the batch starts (reading torch's states costs about a microsecond)."""
@@ -157,8 +149,27 @@ class _Session:
     # ------------------------------------------------------------------ saving
     def state_dict(self) -> dict[str, Any]:
         """The callback's checkpoint state (see :mod:`lightning_midepoch._state` for the layout)."""
+        return self.snapshot().state_dict()
+
+    def snapshot(self) -> Snapshot:
+        """The state to save now: as of the moment the training loop stopped early, if it did; otherwise now."""
+        return self._stopped if self._stopped is not None else self._snapshot_now(stopped=False)
+
+    def epoch_loop_ended(self) -> None:
+        """Called when the epoch's training loop has returned, before the epoch's end hooks.
+
+        If it stopped before the epoch's end (``max_steps``, ``max_time``, ``trainer.should_stop``), Lightning
+        counts the epoch as finished, but a longer run would have continued it: checkpoints written from now on
+        record this moment, and resuming one continues the epoch.
+        """
+        epoch_loop = self.trainer.fit_loop.epoch_loop
+        progress = epoch_loop.batch_progress.current
+        finished_batches = 0 < progress.ready == progress.completed  # not cancelled by on_train_batch_start -> -1
+        if finished_batches and not _compat.all_batches_reached(epoch_loop):
+            self._stopped = self._snapshot_now(stopped=True)
+
+    def _snapshot_now(self, stopped: bool) -> Snapshot:
         trainer = self.trainer
-        loaders = self.loaders
         passes: list[dict[str, Any] | None] = [
             recorder.record.state_dict() if recorder is not None and recorder.record is not None else None
             for recorder in self.recorders
@@ -170,26 +181,27 @@ class _Session:
                 _rng.capture_objects(recorder.rng_objects) if recorder is not None else None
                 for recorder in self.recorders
             ],
-            S.KEY_DATASET_STATES: [self._dataset_state(index) for index in range(len(loaders))],
+            S.KEY_DATASET_STATES: [self._dataset_state(index) for index in range(len(self.loaders))],
             S.KEY_GRADS: self._partial_grads(),
         }
         fetcher = self.fetcher
         fetched = 0
         if fetcher is not None and fetcher.iterator is not None:
             fetched = fetcher.fetched - len(getattr(fetcher, "batches", ()))
-        return {
+        facts = {
             S.KEY_VERSION: S.STATE_VERSION,
             S.KEY_PACKAGE_VERSION: __version__,
             S.KEY_LIGHTNING_VERSION: _compat.lightning_version(trainer),
             S.KEY_TORCH_VERSION: str(torch.__version__),
             S.KEY_EPOCH: trainer.current_epoch,
             S.KEY_FETCHED: fetched,
+            S.KEY_STOPPED: stopped,
             S.KEY_WORLD_SIZE: trainer.world_size,
             S.KEY_MODE: _compat.combined_mode(self.combined_loader) if self.combined_loader is not None else "",
             S.KEY_ELASTIC: self._elastic if self._elastic and self._elastic["epoch"] == trainer.current_epoch else None,
-            S.KEY_LOADERS: [S.loader_facts(loader) for loader in loaders],
-            S.KEY_RANKS: self._gather(rank_state),
+            S.KEY_LOADERS: [S.loader_facts(loader) for loader in self.loaders],
         }
+        return Snapshot(facts, rank_state, trainer.global_rank, trainer.world_size, _compat.interrupted(trainer))
 
     def _dataset_state(self, index: int) -> Any:
         """An iterable dataset's own position at the first batch the loop has not consumed."""
@@ -232,26 +244,45 @@ class _Session:
         grads = {name: p.grad.detach().cpu().clone() for name, p in module.named_parameters() if p.grad is not None}
         return grads or None
 
-    def _gather(self, rank_state: dict[str, Any]) -> list[dict[str, Any] | None]:
-        """Every rank's state, in global rank order (Lightning writes the checkpoint from rank 0 only)."""
-        trainer = self.trainer
-        world_size = trainer.world_size
-        if world_size == 1 or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            return [rank_state]
-        if _compat.interrupted(trainer):
-            # written while handling an exception (OnExceptionCheckpoint): the other ranks may not be here to
-            # exchange states, so each rank's checkpoint holds its own only
-            states: list[dict[str, Any] | None] = [None] * world_size
-            states[trainer.global_rank] = rank_state
-            return states
-        gathered: list[Any] = [None] * world_size
-        torch.distributed.all_gather_object(gathered, rank_state)
-        return gathered
-
     # ------------------------------------------------------------------ resuming
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.loaded = S.migrate(state)
-        self._live_pending = True
+        if self.trained:
+            # Lightning's tuners restore the checkpoint they wrote before their trial steps in the middle of a fit:
+            # stock Lightning then keeps the process's random states and the loops start afresh, and so does this
+            return
+        migrated = S.migrate(state)
+        self.entry_found = True
+        self.loaded = migrated if S.records_position(migrated) else None
+        self._live_pending = self.loaded is not None
+
+    def loops_restored(self) -> None:
+        """Lightning restored the loops: a resume, if from a checkpoint before the fit trained.
+
+        Lightning's tuners also reset the loops (from a copy of their state, before their trial steps) and restore
+        their own checkpoint after them: neither is a resume.
+        """
+        if not self.trained and _compat.restoring_checkpoint(self.trainer):
+            self.resuming = True
+            self.reopen_stopped_epoch()
+            fit_loop = self.trainer.fit_loop
+            if _compat.epoch_finished(fit_loop.epoch_progress):
+                # written once an epoch had ended (after fit, say): with max_steps set, stock Lightning keeps
+                # "restarting" into that epoch's finished batch progress and trains one stray batch before the next
+                _compat.start_batch_progress_afresh(fit_loop.epoch_loop.batch_progress)
+
+    def reopen_stopped_epoch(self) -> None:
+        """After the loops are restored: a checkpoint written once training stopped early continues that epoch.
+
+        Lightning counts an epoch its training loop left early as finished; a resumed run would start the next one.
+        """
+        loaded = self.loaded
+        if loaded is None or not loaded[S.KEY_STOPPED]:
+            return
+        fit_loop = self.trainer.fit_loop
+        if fit_loop.epoch_loop.batch_progress.current.ready != loaded[S.KEY_FETCHED]:
+            return  # the loops' state does not come from the moment the state recorded
+        _compat.reopen_epoch(fit_loop.epoch_progress, loaded[S.KEY_EPOCH])
+        fit_loop.restarting = True  # Lightning decided "not restarting" from the finished epoch it had restored
 
     def _rank_state(self, rank: int | None = None) -> Mapping[str, Any] | None:
         if self.loaded is None:
@@ -314,12 +345,17 @@ class _Session:
         records += [None] * (len(self.loaders) - len(records))
         new_epoch = not (fit_loop.restarted_mid_epoch or fit_loop.restarted_on_epoch_end)
         recorded_here = any(record is not None and record["epoch"] == epoch for record in records)
-        if self.loaded is None:
+        starts_epoch = new_epoch and consumed == 0 and not recorded_here
+        if self.loaded is None and not (self.entry_found and starts_epoch):
+            # (an entry that recorded nothing comes from a trainer that had not trained: nothing was lost)
             self._warn_stock_checkpoint()
-        if new_epoch and consumed == 0 and not recorded_here:
+        if starts_epoch:
             # a new epoch: its order is drawn now from the live states, exactly as in the uninterrupted run
             self._build(fetcher, {i: _Replay(None, 0, 0, live=True) for i in self._rewound_loaders(epoch)})
             return
+        if self.loaded is not None and _compat.steps_pull_batches(fetcher):
+            # training_step(dataloader_iter): a step pulls as many batches as it likes; the fetcher counted them
+            consumed = self.loaded[S.KEY_FETCHED]
         plan = self._check_checkpoint() if self.loaded is not None else "exact"
         if plan == "restart":
             iter(fetcher)  # on_mismatch="restart_epoch": continue as stock Lightning does

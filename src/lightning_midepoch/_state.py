@@ -12,6 +12,8 @@ Layout (version 1)::
         "package_version": str, "lightning_version": str, "torch_version": str,
         "epoch": int,              # trainer.current_epoch when saved
         "fetched": int,            # batches the train fetcher had handed to the loop in this epoch
+        "stopped": bool,           # saved after the training loop stopped before the epoch's end (max_steps,
+                                   # max_time, trainer.should_stop): a resume continues that epoch (default False)
         "world_size": int,
         "mode": str,               # CombinedLoader mode of the train loaders
         "elastic": dict | None,    # an epoch being finished on another world size (see _elastic): its order spec,
@@ -58,6 +60,7 @@ KEY_LIGHTNING_VERSION = "lightning_version"
 KEY_TORCH_VERSION = "torch_version"
 KEY_EPOCH = "epoch"
 KEY_FETCHED = "fetched"
+KEY_STOPPED = "stopped"
 KEY_WORLD_SIZE = "world_size"
 KEY_MODE = "mode"
 KEY_LOADERS = "loaders"
@@ -289,6 +292,22 @@ def check_elastic(
         )
 
 
+def empty_state() -> dict[str, Any]:
+    """The state of a trainer that has not trained with the callback: it records no position.
+
+    Example:
+        >>> records_position(migrate(empty_state()))
+        False
+
+    """
+    return {KEY_VERSION: STATE_VERSION, KEY_LOADERS: [], KEY_RANKS: []}
+
+
+def records_position(state: Mapping[str, Any]) -> bool:
+    """Whether a (migrated) state records where a run was; :func:`empty_state` does not."""
+    return KEY_WORLD_SIZE in state
+
+
 def migrate(state: Mapping[str, Any]) -> dict[str, Any]:
     """Bring a state saved by any release of this package to the current schema.
 
@@ -307,4 +326,4 @@ def migrate(state: Mapping[str, Any]) -> dict[str, Any]:
             f"The checkpoint's MidEpochResume state has version {version}, newer than this lightning-midepoch"
             f" ({__version__}) understands (version {STATE_VERSION}). Upgrade lightning-midepoch to resume it."
         )
-    return dict(state)
+    return {KEY_STOPPED: False, **state}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -11,6 +12,7 @@ from typing_extensions import override
 
 from lightning_midepoch import _compat
 from lightning_midepoch import _state as S
+from lightning_midepoch._saving import Snapshot
 from lightning_midepoch._session import OnMismatch, _Session
 
 if TYPE_CHECKING:
@@ -18,16 +20,33 @@ if TYPE_CHECKING:
     from lightning.pytorch import LightningModule, Trainer
 
 
+_NAMESPACES = ("lightning.pytorch", "pytorch_lightning")
+
+
 def _callback_bases() -> tuple[type, ...]:
-    """Lightning's ``Callback`` from every installed namespace, so that either kind of ``Trainer`` accepts ours."""
-    bases = []
-    for module in ("lightning.pytorch", "pytorch_lightning"):
-        root = module.split(".")[0]
-        if importlib.util.find_spec(root) is not None:
-            bases.append(importlib.import_module(module).Callback)
-    if not bases:  # pragma: no cover - the package requires one of them
-        raise ImportError("lightning-midepoch needs `lightning` or `pytorch_lightning`: `pip install lightning`.")
-    return tuple(bases)
+    """Lightning's ``Callback`` from every namespace the process has imported, so that either ``Trainer`` takes ours.
+
+    Only namespaces already imported count: importing ``pytorch_lightning`` beside ``lightning`` re-points the
+    rank-zero logger the two share, which would move a ``lightning`` user's log messages. Where none is imported yet,
+    the first one installed is.
+    """
+    bases = [sys.modules[name].Callback for name in _NAMESPACES if hasattr(sys.modules.get(name), "Callback")]
+    if bases:
+        return tuple(bases)
+    for name in _NAMESPACES:
+        if importlib.util.find_spec(name.split(".")[0]) is not None:
+            return (importlib.import_module(name).Callback,)
+    raise ImportError(  # pragma: no cover - the package requires one of them
+        "lightning-midepoch needs `lightning` or `pytorch_lightning`: `pip install lightning`."
+    )
+
+
+def _adopt_imported_namespaces() -> None:
+    """Make the callback a ``Callback`` of every namespace imported since this module was."""
+    bases = _CallbackBase.__bases__
+    missing = tuple(base for base in _callback_bases() if base not in bases)
+    if missing:
+        _CallbackBase.__bases__ = bases + missing
 
 
 if not TYPE_CHECKING:
@@ -59,19 +78,22 @@ class MidEpochResume(_CallbackBase):
     """
 
     def __init__(self, on_mismatch: OnMismatch = "raise") -> None:
+        _adopt_imported_namespaces()
         super().__init__()
         if on_mismatch not in get_args(OnMismatch):
             raise ValueError(f"`on_mismatch` must be one of {list(get_args(OnMismatch))}, got {on_mismatch!r}.")
         self.on_mismatch: OnMismatch = on_mismatch
         self._session: _Session | None = None
-        self._loaded: dict[str, Any] | None = None
+        # where the latest fit of this trainer stopped: what a checkpoint written after it records
+        self._final: Snapshot | None = None
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         _compat.check_supported(trainer)
-        self._uninstall()  # left installed by a fit that ended with an exception
+        self._finish()  # a fit of this trainer that ended without teardown (an exception) left nothing installed
+        self._final = None
         self._session = _Session(trainer, self.on_mismatch)
         self._session.install()
 
@@ -88,20 +110,28 @@ class MidEpochResume(_CallbackBase):
             self._session.backward_done = True
 
     @override
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._uninstall()
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        # Lightning runs no teardown hook after an exception: give everything back here
+        self._finish()
 
-    def _uninstall(self) -> None:
+    @override
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._finish()
+
+    def _finish(self) -> None:
+        """Keep where the fit stopped, for a checkpoint written after it, and give the trainer its stock loops back."""
         if self._session is not None:
+            self._final = self._session.snapshot()
             self._session.uninstall()
             self._session = None
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        if self._session is None:
-            # outside fit (e.g. a checkpoint saved after training): nothing is in progress
-            return {S.KEY_VERSION: S.STATE_VERSION, S.KEY_LOADERS: [], S.KEY_RANKS: []}
-        return self._session.state_dict()
+        if self._session is not None:
+            return self._session.state_dict()
+        if self._final is not None:  # written after fit (`trainer.save_checkpoint` once `fit` returned or raised)
+            return self._final.state_dict()
+        return S.empty_state()  # no fit has run: there is no position to record
 
     @override
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:

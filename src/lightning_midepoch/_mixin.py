@@ -1,0 +1,71 @@
+"""Putting an override in front of one object's class, invisibly: the technique behind the loop and fetcher overrides.
+
+Lightning's classes are never modified. One trainer's loop (or fetcher) gets a class of its own made of the mixin and
+the original class, named exactly as the original, so that what users see (profiler action names such as
+``[_TrainingEpochLoop].train_dataloader_next``, reprs, ``type(loop).__name__``) stays what stock Lightning shows;
+and it pickles as an instance of the original class, without anything of ours.
+"""
+
+from __future__ import annotations
+
+import copyreg
+from typing import Any
+
+_MIXED_CLASSES: dict[tuple[type, type], type] = {}
+
+#: Instance attributes of ours, removed when the object is pickled.
+OWN_ATTRIBUTE_PREFIX = "_midepoch"
+
+
+def mix_in(obj: object, mixin: type) -> type:
+    """Put ``mixin`` in front of ``obj``'s class, on this instance only. Returns the class to restore later.
+
+    Example:
+        >>> class Loop:
+        ...     def run(self):
+        ...         return "stock"
+        >>> class Louder:
+        ...     __reduce_ex__ = stock_reduce
+        ...     def run(self):
+        ...         return super().run().upper()
+        >>> loop = Loop()
+        >>> original = mix_in(loop, Louder)
+        >>> loop.run(), type(loop).__name__, type(loop) is original
+        ('STOCK', 'Loop', False)
+        >>> import copy
+        >>> type(copy.copy(loop)) is Loop
+        True
+
+    """
+    original = type(obj)
+    if issubclass(original, mixin):
+        return original
+    key = (mixin, original)
+    if key not in _MIXED_CLASSES:
+        names = {"__module__": original.__module__, "__qualname__": original.__qualname__, "_midepoch_stock": original}
+        _MIXED_CLASSES[key] = type(original.__name__, (mixin, original), names)
+    obj.__class__ = _MIXED_CLASSES[key]
+    return original
+
+
+def unmix(obj: Any, original: type) -> None:
+    """Give ``obj`` its original class back, with its attributes as the stock object has them."""
+    state = stock_state(obj)
+    obj.__class__ = original
+    vars(obj).clear()
+    vars(obj).update(state)
+
+
+def stock_state(obj: Any) -> dict[str, Any]:
+    """An object's attributes as the stock object has them (a mixin may define ``_midepoch_stock_state``)."""
+    custom = getattr(obj, "_midepoch_stock_state", None)
+    if custom is not None:
+        return dict(custom())
+    return {name: value for name, value in vars(obj).items() if not name.startswith(OWN_ATTRIBUTE_PREFIX)}
+
+
+def stock_reduce(obj: Any, protocol: Any) -> Any:
+    """``__reduce_ex__`` of the mixins: an object with an override pickles and copies as the stock object."""
+    # copyreg's reconstructor (what pickle uses for protocols 0 and 1) creates the stock class without __init__; the
+    # pickle names nothing of this package
+    return copyreg._reconstructor, (type(obj)._midepoch_stock, object, None), stock_state(obj)  # type: ignore[attr-defined]

@@ -1,0 +1,104 @@
+"""What users can see of the overrides while fit runs: class names, profiler actions, reprs, copies and pickles."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import pickle
+from typing import Any
+
+import pytest
+
+from harness import NAMESPACE, Config, L, run
+from lightning_midepoch._mixin import mix_in, stock_reduce, unmix
+
+_PROFILED_DURING_EPOCH = "[_TrainingEpochLoop].train_dataloader_next"
+
+
+class Stock:
+    def __init__(self) -> None:
+        self.value = 1
+
+    def run(self) -> str:
+        return "stock"
+
+
+class Override:
+    __reduce_ex__ = stock_reduce
+
+    def run(self) -> str:
+        return "override"
+
+
+def test_an_object_with_an_override_pickles_as_the_stock_object():
+    obj = Stock()
+    original = mix_in(obj, Override)
+    vars(obj)["_midepoch"] = object()  # what the session attaches
+    assert (obj.run(), type(obj).__name__, type(obj).__qualname__) == ("override", "Stock", "Stock")
+    data = pickle.dumps(obj)
+    assert b"lightning_midepoch" not in data
+    restored = pickle.loads(data)
+    assert type(restored) is Stock
+    assert vars(restored) == {"value": 1}
+    unmix(obj, original)
+    assert type(obj) is Stock
+    assert vars(obj) == {"value": 1}
+
+
+class _LoopsSeen(L.Callback):
+    """Looks at the trainer's loops and fetcher in the middle of an epoch."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step != 3:
+            return
+        objects = (trainer.fit_loop, trainer.fit_loop.epoch_loop, trainer.fit_loop._data_fetcher)
+        self.names = [(type(obj).__name__, type(obj).__qualname__, type(obj).__module__) for obj in objects]
+        self.reprs = [repr(obj).split(" object at ")[0] for obj in objects]
+        self.copies = [copy.copy(obj) for obj in objects]
+        self.sampler_repr = repr(trainer.train_dataloader.batch_sampler)
+        # pickling the epoch loop takes its trainer along; its progress is plain data
+        self.pickled_progress = pickle.loads(pickle.dumps(trainer.fit_loop.epoch_loop.batch_progress))
+
+
+def _seen(tmp_path, callback: bool) -> _LoopsSeen:
+    seen = _LoopsSeen()
+    run(Config(max_steps=5), tmp_path, callback=callback, extra_callbacks=[seen])
+    return seen
+
+
+def test_names_and_reprs_are_stock(tmp_path):
+    ours, stock = _seen(tmp_path / "ours", True), _seen(tmp_path / "stock", False)
+    assert ours.names == stock.names
+    assert ours.names[1][0] == "_TrainingEpochLoop"
+    assert ours.reprs == stock.reprs
+    assert ours.sampler_repr.split(" object at ")[0] == stock.sampler_repr.split(" object at ")[0]
+
+
+def test_copies_are_stock_objects_without_the_overrides(tmp_path):
+    ours, stock = _seen(tmp_path / "ours", True), _seen(tmp_path / "stock", False)
+    for copied, expected in zip(ours.copies, stock.copies):
+        assert type(copied) is type(expected)
+        assert not any(name.startswith("_midepoch") for name in vars(copied))
+        assert set(vars(copied)) == set(vars(expected))
+
+
+@pytest.mark.parametrize("profiler", ["SimpleProfiler", "AdvancedProfiler"])
+def test_profiler_actions_are_stock(profiler, tmp_path):
+    """The profiler reports the same actions, under the names stock Lightning gives them."""
+    base = getattr(importlib.import_module(f"{NAMESPACE}.profilers"), profiler)
+
+    class Recording(base):  # type: ignore[misc, valid-type]
+        def start(self, action_name: str) -> None:
+            self.actions.add(action_name)
+            super().start(action_name)
+
+    def actions(callback: bool) -> set[str]:
+        recording = Recording()
+        recording.actions = set()
+        run(Config(max_steps=5), tmp_path / str(callback), callback=callback, profiler=recording)
+        return recording.actions
+
+    ours, stock = actions(True), actions(False)
+    assert _PROFILED_DURING_EPOCH in stock
+    # the callback's own hooks are profiled under its name, as every callback's are
+    assert {action for action in ours if "MidEpochResume" not in action} == stock

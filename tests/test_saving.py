@@ -1,0 +1,149 @@
+"""Checkpoints written after ``fit`` returned or raised record where training stopped, and continue from there."""
+
+from __future__ import annotations
+
+import importlib
+import signal
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from harness import NAMESPACE, Comparison, Config, L, Model, ModelCheckpoint, assert_exact, assert_same_state, run
+from lightning_midepoch import MidEpochResume
+from lightning_midepoch import _state as S
+from lightning_midepoch._saving import gather
+
+FULL = Config(max_epochs=3, max_steps=17)  # 10 batches an epoch: ends in the middle of epoch 1
+
+
+class StopAt(L.Callback):
+    """Ends ``fit`` after global step ``step`` the way a user's code or a callback does."""
+
+    def __init__(self, step: int, how: str) -> None:
+        self.step, self.how = step, how
+        self.trainer: Any = None
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.trainer = trainer
+        if trainer.global_step != self.step:
+            return
+        if self.how == "should_stop":  # what EarlyStopping and Timer (max_time) do
+            trainer.should_stop = True
+        elif self.how == "keyboard_interrupt":
+            raise KeyboardInterrupt
+
+
+class Clock(L.Callback):
+    """A clock for Lightning's Timer (``max_time``) that advances one second per batch: deterministic time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        self.now += 1.0
+
+
+@pytest.fixture
+def _sigint_restored():
+    handler = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, handler)  # Lightning ignores further Ctrl+C after a KeyboardInterrupt
+
+
+def _stop_then_resume(config: Config, how: str, step: int, tmp_path: Path, monkeypatch: Any = None) -> Comparison:
+    """Train until ``how`` stops fit after ``step`` steps, save with ``trainer.save_checkpoint``, resume to the end."""
+    full = run(config, tmp_path / "full")
+    ckpt = tmp_path / "after_fit.ckpt"
+    if how == "max_steps":
+        first = run(replace(config, max_steps=step), tmp_path / "first")
+        first.trainer.save_checkpoint(ckpt)
+    elif how == "max_time":
+        clock = Clock()
+        monkeypatch.setattr(importlib.import_module(f"{NAMESPACE}.callbacks.timer"), "time", clock)
+        first = run(config, tmp_path / "first", extra_callbacks=[clock], max_time={"seconds": step})
+        first.trainer.save_checkpoint(ckpt)
+    else:
+        stop = StopAt(step, how)
+        if how == "keyboard_interrupt":
+            with pytest.raises(SystemExit):  # Lightning's graceful shutdown after Ctrl+C
+                run(config, tmp_path / "first", extra_callbacks=[stop])
+            first = None
+        else:
+            first = run(config, tmp_path / "first", extra_callbacks=[stop])
+        stop.trainer.save_checkpoint(ckpt)
+        model = stop.trainer.lightning_module
+        if first is None:  # the interrupted run's batches, as run() would have returned them
+            first = type("Stopped", (), {"seen": model.seen, "model": model})()
+    assert len(first.seen) == step
+    resumed = run(config, tmp_path / "resumed", ckpt_path=ckpt, seed=2)
+    return Comparison(full, first, resumed)  # type: ignore[arg-type]
+
+
+@pytest.mark.usefixtures("_sigint_restored")
+@pytest.mark.parametrize("how", ["max_steps", "max_time", "should_stop", "keyboard_interrupt"])
+@pytest.mark.parametrize(
+    "config",
+    [FULL, replace(FULL, num_workers=2), replace(FULL, validation=True, val_check_interval=3)],
+    ids=["plain", "workers", "validation"],
+)
+def test_a_fit_stopped_mid_epoch_continues_exactly(config, how, tmp_path, monkeypatch):
+    """fit stops at step 13 (epoch 1, batch 2); a checkpoint written after it continues that epoch exactly."""
+    assert_exact(_stop_then_resume(config, how, 13, tmp_path, monkeypatch))
+
+
+@pytest.mark.parametrize("how", ["max_steps", "should_stop"])
+def test_a_fit_stopped_at_an_epochs_end_continues_with_the_next_epoch(how, tmp_path):
+    assert_exact(_stop_then_resume(FULL, how, 10, tmp_path))
+
+
+def test_stock_lightning_starts_a_new_epoch_instead(tmp_path):
+    """The control: without the callback, the rest of the stopped epoch is never trained."""
+    first = run(replace(FULL, max_steps=13), tmp_path / "first", callback=False)
+    first.trainer.save_checkpoint(tmp_path / "after_fit.ckpt")
+    resumed = run(FULL, tmp_path / "resumed", callback=False, ckpt_path=tmp_path / "after_fit.ckpt", seed=2)
+    assert resumed.seen[0][0] == 2  # the rest of epoch 1 is never trained
+
+
+def test_the_state_records_the_stop(tmp_path):
+    first = run(replace(FULL, max_steps=13), tmp_path)
+    first.trainer.save_checkpoint(tmp_path / "after_fit.ckpt")
+    state = torch.load(tmp_path / "after_fit.ckpt", weights_only=True)["callbacks"]["MidEpochResume"]
+    assert (state["epoch"], state["fetched"], state["stopped"]) == (1, 3, True)
+    loops = torch.load(tmp_path / "after_fit.ckpt", weights_only=True)["loops"]["fit_loop"]
+    assert loops["epoch_progress"]["current"]["completed"] == 2  # Lightning counts the stopped epoch as finished
+
+
+def test_a_checkpoint_written_before_any_fit_resumes_as_stock(tmp_path):
+    """A trainer that has not trained saves an empty state; resuming it is what stock Lightning does."""
+    trainer = L.Trainer(callbacks=[MidEpochResume()], logger=False, enable_checkpointing=False)
+    trainer.strategy.connect(Model(FULL))
+    trainer.save_checkpoint(tmp_path / "before.ckpt")
+    state = torch.load(tmp_path / "before.ckpt", weights_only=True)["callbacks"]["MidEpochResume"]
+    assert state == S.empty_state()
+    stock = run(FULL, tmp_path / "stock", callback=False, ckpt_path=tmp_path / "before.ckpt")
+    ours = run(FULL, tmp_path / "ours", ckpt_path=tmp_path / "before.ckpt")
+    assert ours.seen == stock.seen
+    assert_same_state(ours, stock)
+
+
+def test_gather_on_one_process_is_the_rank_itself():
+    state = {"rng": {}}
+    assert gather(state, rank=0, world_size=1, own_only=False) == [state]
+    assert gather(state, rank=1, world_size=2, own_only=True) == [state]  # no process group: nothing to exchange
+
+
+def test_modelcheckpoints_last_written_when_max_steps_stopped_the_epoch_continues_it(tmp_path):
+    """ModelCheckpoint(save_last=True) writes last.ckpt in on_train_epoch_end, after max_steps stopped the epoch."""
+    full = run(FULL, tmp_path / "full")
+    saving = ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True, save_top_k=0)
+    first = run(replace(FULL, max_steps=13), tmp_path / "first", extra_callbacks=[saving])
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["callbacks"]["MidEpochResume"]["stopped"]
+    resumed = run(FULL, tmp_path / "resumed", ckpt_path=last, seed=2)
+    assert_exact(Comparison(full, first, resumed))

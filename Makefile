@@ -12,7 +12,28 @@ export PYTHONHASHSEED ?= 0
 COMPAT_VENV ?= .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 
-.PHONY: venv demo test lint compat docs bench clean
+# `make lightning-suite LIGHTNING=/path/to/lightning-checkout`: Lightning's own tests, stock and with the callback
+# attached to every Trainer (tests/lightning_suite). Not part of CI: it needs a checkout of Lightning's repository.
+LIGHTNING ?=
+SUITE_VENV ?= .venv-lightning-suite
+SUITE_STAMP := $(SUITE_VENV)/.installed
+SUITE_OUT ?= lightning-suite-results
+# the copy of the package to test: empty for this checkout (editable install), or another checkout's src/ folder
+SUITE_SRC ?=
+# pytest-xdist workers (at most 2 on a 2-core machine); 0 runs in one process
+SUITE_WORKERS ?= 2
+SUITE_DIRS ?= loops checkpointing tuner callbacks trainer/connectors
+SUITE_RESULTS = $(abspath $(SUITE_OUT))
+# $(call SUITE_PYTEST,attach,name): one run, with MIDEPOCH_SUITE_ATTACH=attach, into $(SUITE_OUT)/name.{xml,log}
+SUITE_PYTEST = cd $(LIGHTNING)/tests/tests_pytorch && MIDEPOCH_SUITE_ATTACH=$(1) \
+	PYTHONPATH=$(CURDIR)/tests/lightning_suite$(if $(SUITE_SRC),:$(abspath $(SUITE_SRC))) \
+	$(abspath $(SUITE_VENV))/bin/python -m pytest $(SUITE_DIRS) -p midepoch_attach -p no:cacheprovider \
+	--ignore=checkpointing/test_legacy_checkpoints.py --timeout=300 -rfE --color=no --durations=20 \
+	$(if $(filter-out 0 1,$(SUITE_WORKERS)),-n $(SUITE_WORKERS)) -o junit_family=xunit1 \
+	--junitxml=$(SUITE_RESULTS)/$(2).xml > $(SUITE_RESULTS)/$(2).log 2>&1; \
+	tail -n 1 $(SUITE_RESULTS)/$(2).log; test -s $(SUITE_RESULTS)/$(2).xml
+
+.PHONY: venv demo test lint compat lightning-suite docs bench clean
 
 $(STAMP): requirements/*.txt setup.py pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +62,28 @@ compat: venv $(COMPAT_STAMP)  ## the Trainer-level resume tests on the oldest su
 	$(COMPAT_VENV)/bin/python -m pytest tests/test_loops.py tests/test_distributed.py tests/test_legacy.py -q -p no:cacheprovider
 	MIDEPOCH_TEST_NAMESPACE=pytorch_lightning $(BIN)/python -m pytest tests/test_loops.py tests/test_legacy.py -q -p no:cacheprovider
 
+$(SUITE_STAMP): requirements/lightning-suite.txt requirements/torch-ci.txt setup.py pyproject.toml
+	test -x $(SUITE_VENV)/bin/python || $(PYTHON) -m venv $(SUITE_VENV)
+	$(SUITE_VENV)/bin/python -m pip --disable-pip-version-check install --quiet -r requirements/torch-ci.txt
+	$(SUITE_VENV)/bin/python -m pip --disable-pip-version-check install --quiet -r requirements/lightning-suite.txt
+	$(SUITE_VENV)/bin/python -m pip --disable-pip-version-check install --quiet --no-deps --no-build-isolation -e .
+	touch $(SUITE_STAMP)
+
+lightning-suite: $(SUITE_STAMP)  ## Lightning's tests stock and with the callback attached (LIGHTNING=checkout)
+	@test -d "$(LIGHTNING)/tests/tests_pytorch" || \
+		{ echo "usage: make lightning-suite LIGHTNING=/path/to/lightning-checkout (release 2.6.6)"; exit 2; }
+	mkdir -p $(SUITE_OUT)
+	$(SUITE_VENV)/bin/python -c "import lightning, lightning_midepoch; print('lightning', lightning.__version__)"
+	PYTHONPATH=$(SUITE_SRC) $(SUITE_VENV)/bin/python -c "import lightning_midepoch as m; print('testing', m.__file__)"
+	@echo "stock run (MIDEPOCH_SUITE_ATTACH=0): $(SUITE_OUT)/stock.log"; date
+	$(call SUITE_PYTEST,0,stock)
+	@echo "attached run (MIDEPOCH_SUITE_ATTACH=1): $(SUITE_OUT)/attached.log"; date
+	$(call SUITE_PYTEST,1,attached)
+	@date
+	$(SUITE_VENV)/bin/python tests/lightning_suite/compare.py $(SUITE_OUT)/stock.xml $(SUITE_OUT)/attached.xml \
+		--allowed tests/lightning_suite/allowed_failures.txt > $(SUITE_OUT)/comparison.txt; \
+		status=$$?; cat $(SUITE_OUT)/comparison.txt; exit $$status
+
 lint: venv  ## ruff and mypy --strict on src/
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -54,4 +97,4 @@ bench: venv  ## measurements, printed as tables; plots in benchmarks/results/
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) build dist *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage demo-output docs/_build
+	rm -rf $(VENV) $(COMPAT_VENV) $(SUITE_VENV) $(SUITE_OUT) build dist *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage demo-output docs/_build

@@ -1,0 +1,162 @@
+"""Compare two junit XML reports of Lightning's tests: stock and with ``MidEpochResume`` attached.
+
+``python compare.py STOCK.xml ATTACHED.xml --allowed allowed_failures.txt`` prints the counts of both runs, every test
+that fails only when attached (split into allowed artifacts of the plugin, with their reasons, and unexpected ones),
+the tests that fail in both runs (environment problems, not ours), and exits with 1 if any unexpected failure exists.
+
+The allowed-failures file has one test node id a line, then `` # `` and the reason; a node id ending in ``*`` covers
+every node id it starts (all parametrizations of a test). Blank lines and lines starting with ``#`` are ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+OUTCOMES = ("passed", "failed", "errors", "skipped")
+BROKEN = ("failed", "errors")
+
+
+def node_id(case: ET.Element) -> str:
+    """The test's node id: the ``nodeid`` property the plugin records, else ``classname::name``.
+
+    >>> node_id(ET.fromstring('<testcase classname="loops.test_a" name="test_b[1]"/>'))
+    'loops.test_a::test_b[1]'
+    """
+    for prop in case.iter("property"):
+        if prop.get("name") == "nodeid":
+            return str(prop.get("value"))
+    return f"{case.get('classname', '')}::{case.get('name', '')}"
+
+
+def outcome(case: ET.Element) -> str:
+    """``passed``, ``failed``, ``errors`` (setup or teardown) or ``skipped`` (xfail included) for one testcase.
+
+    >>> outcome(ET.fromstring('<testcase><failure/><error/></testcase>'))
+    'failed'
+    """
+    tags = {child.tag for child in case}
+    if "failure" in tags:
+        return "failed"
+    if "error" in tags:
+        return "errors"
+    if "skipped" in tags:
+        return "skipped"
+    return "passed"
+
+
+def first_line(case: ET.Element) -> str:
+    """The failure or error message of a testcase, shortened to one line."""
+    for child in case:
+        if child.tag in ("failure", "error"):
+            message = (child.get("message") or child.text or "").strip().splitlines()
+            return message[0][:200] if message else ""
+    return ""
+
+
+def load(path: Path) -> tuple[dict[str, ET.Element], float]:
+    """Every testcase of a junit XML report by node id (a repeated id keeps its worst outcome), and the run time."""
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    cases: dict[str, ET.Element] = {}
+    for case in root.iter("testcase"):
+        key = node_id(case)
+        if key not in cases or outcome(cases[key]) not in BROKEN:
+            cases[key] = case
+    return cases, sum(float(suite.get("time", 0.0)) for suite in suites)
+
+
+def load_allowed(path: Path | None) -> dict[str, str]:
+    """The allowed failures: node id (or prefix ending in ``*``) to reason."""
+    allowed: dict[str, str] = {}
+    if path is None:
+        return allowed
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, _, reason = line.partition(" # ")
+        allowed[key.strip()] = reason.strip()
+    return allowed
+
+
+def allowed_reason(test: str, allowed: dict[str, str]) -> str | None:
+    """The reason ``test`` may fail when attached, or ``None``.
+
+    >>> allowed_reason("a.py::t[1]", {"a.py::t*": "why"}), allowed_reason("a.py::u", {"a.py::t*": "why"})
+    ('why', None)
+    """
+    if test in allowed:
+        return allowed[test]
+    for key, reason in allowed.items():
+        if key.endswith("*") and test.startswith(key[:-1]):
+            return reason
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the comparison; 1 if a test fails only when attached and is not in the allowed list."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stock", type=Path)
+    parser.add_argument("attached", type=Path)
+    parser.add_argument("--allowed", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    stock, stock_time = load(args.stock)
+    attached, attached_time = load(args.attached)
+    allowed = load_allowed(args.allowed)
+
+    print(f"{'':10}" + "".join(f"{name:>10}" for name in (*OUTCOMES, "total", "seconds")))
+    for label, cases, seconds in (("stock", stock, stock_time), ("attached", attached, attached_time)):
+        counts = Counter(outcome(case) for case in cases.values())
+        row = "".join(f"{counts[name]:>10}" for name in OUTCOMES)
+        print(f"{label:10}{row}{len(cases):>10}{seconds:>10.0f}")
+
+    only_attached = sorted(
+        test
+        for test, case in attached.items()
+        if outcome(case) in BROKEN and (test not in stock or outcome(stock[test]) not in BROKEN)
+    )
+    both = sorted(
+        test for test, case in attached.items() if outcome(case) in BROKEN and outcome(stock.get(test, case)) in BROKEN
+    )
+    only_stock = sorted(
+        test
+        for test, case in stock.items()
+        if outcome(case) in BROKEN and test in attached and outcome(attached[test]) not in BROKEN
+    )
+    unexpected = [test for test in only_attached if allowed_reason(test, allowed) is None]
+
+    print(f"\nfail only when attached: {len(only_attached)}")
+    for test in only_attached:
+        reason = allowed_reason(test, allowed)
+        before = outcome(stock[test]) if test in stock else "not run"
+        label = f"allowed: {reason}" if reason is not None else "UNEXPECTED"
+        print(f"  {test} (stock: {before}) [{label}]\n      {first_line(attached[test])}")
+    print(f"\nfail in both runs (environment, not the callback): {len(both)}")
+    for test in both:
+        print(f"  {test}\n      {first_line(attached[test])}")
+    if only_stock:
+        print(f"\nfail only in the stock run (flaky?): {len(only_stock)}")
+        for test in only_stock:
+            print(f"  {test}\n      {first_line(stock[test])}")
+    missing = sorted(set(stock) ^ set(attached))
+    if missing:
+        print(f"\nin one run only: {len(missing)}")
+        for test in missing:
+            print(f"  {test} ({'stock' if test in stock else 'attached'})")
+    used = {key for test in only_attached for key in allowed if allowed_reason(test, {key: key}) is not None}
+    stale = sorted(set(allowed) - used)
+    if stale:
+        print(f"\nallowed but not failing (could be removed from the list): {len(stale)}")
+        for key in stale:
+            print(f"  {key}")
+    print(f"\nallowed failures: {len(only_attached) - len(unexpected)}; unexpected failures: {len(unexpected)}")
+    return 1 if unexpected else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

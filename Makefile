@@ -74,7 +74,7 @@ dist: $(DIST_STAMP)  ## the sdist, and the wheel built from it, in dist/ (python
 	$(DIST_VENV)/bin/twine check --strict $(DIST_DIR)/*
 
 dist-check: venv dist  ## the built sdist's contents; the wheel and a wheel built from the sdist, installed in a fresh venv
-	MIDEPOCH_DIST_DIR=$(DIST_DIR) $(BIN)/python -m pytest tests/packaging -v -p no:cacheprovider
+	MIDEPOCH_DIST_DIR=$(DIST_DIR) $(BIN)/python -m pytest tests/packaging -v --durations=0 -p no:cacheprovider
 
 # one virtual environment per tested Python, .venv-py3.X (the interpreter from pyenv, else python3.X on PATH)
 .venv-py%/.installed: requirements/pythons.txt requirements/torch-ci.txt pyproject.toml

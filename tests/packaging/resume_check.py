@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("namespace", choices=["lightning.pytorch", "pytorch_lightning"])
     parser.add_argument("workdir", type=Path)
     args = parser.parse_args(argv)
+    args.workdir.mkdir(parents=True, exist_ok=False)  # a fresh directory: no checkpoint of an earlier run in it
 
     for logger in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric"):
         logging.getLogger(logger).setLevel(logging.WARNING)  # no "GPU available" banners; warnings still show

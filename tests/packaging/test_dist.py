@@ -22,6 +22,7 @@ from email.parser import HeaderParser
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import SpecifierSet
 
 from project import ROOT, pinned, pyproject, readme_extras, version
 
@@ -37,6 +38,7 @@ FORBIDDEN = re.compile(
 )
 LEGACY_CHECKPOINT = re.compile(r"^tests/legacy/checkpoints/[^/]+\.ckpt$")
 TIMEOUT_S = 600
+TORCH_VERSION = "import torch; print(torch.__version__)"
 # run from the unpacked sdist against the installed package: unit tests and the Trainer-level `inspect` tests
 SDIST_TESTS = ("tests/test_state.py", "tests/test_sampling.py", "tests/test_inspect.py")
 
@@ -104,7 +106,7 @@ def test_wheel_holds_the_package_and_its_metadata(dist_dir):
     assert not others, f"the wheel carries files outside the package: {others}"
     assert f"{info}/licenses/LICENSE" in names
     assert (fields["Name"], fields["Version"]) == ("lightning-midepoch", version())
-    assert fields["Requires-Python"] == project["requires-python"]
+    assert SpecifierSet(fields["Requires-Python"]) == SpecifierSet(project["requires-python"])
     assert fields["License-Expression"] == project["license"]
     assert set(fields.get_all("Provides-Extra")) == set(project["optional-dependencies"]) == readme_extras()
     assert "lightning-midepoch = lightning_midepoch.__main__:main" in entry_points
@@ -121,8 +123,9 @@ class Venv:
         self.torch_version = ""
         self.bin = root / "bin"
         self.python = self.bin / "python"
-        self.workdir = root.parent / "work"
+        self.workdir = root.parent / "work"  # the current directory of every command: outside the source tree
         self.workdir.mkdir()
+        self.runs = root.parent / "runs"  # where the training runs write (not the current directory: no `lightning/`)
         self.constraints = root.parent / "constraints.txt"
         self.env = {
             key: value
@@ -133,7 +136,7 @@ class Venv:
         self.env["PATH"] = f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}"
         self.env["PYTHONNOUSERSITE"] = "1"
 
-    def run(self, *command: str | Path, cwd: Path | None = None, check: bool = True) -> str:
+    def run(self, *command: str | Path, cwd: Path | None = None, check: bool = True, stdout_only: bool = False) -> str:
         done = subprocess.run(
             [str(part) for part in command],
             cwd=cwd or self.workdir,
@@ -146,7 +149,15 @@ class Venv:
         output = done.stdout + done.stderr
         if check:
             assert done.returncode == 0, f"{' '.join(map(str, command))} exited {done.returncode}:\n{output[-6000:]}"
+        if stdout_only:
+            return done.stdout
         return output if check else f"exit {done.returncode}\n{output}"
+
+    def script(self, name: str) -> Path:
+        """A copy of tests/packaging/NAME in the working directory: run as a script, its folder is on sys.path."""
+        copy = self.workdir / name
+        copy.write_bytes((HERE / name).read_bytes())
+        return copy
 
     def pip(self, *args: str | Path) -> str:
         return self.run(self.python, "-m", "pip", "--disable-pip-version-check", *args)
@@ -156,7 +167,7 @@ class Venv:
 
     def finds(self, module: str) -> bool:
         code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
-        return self.run(self.python, "-c", code, check=False).startswith("exit 0")
+        return self.run(self.python, "-I", "-c", code, check=False).startswith("exit 0")  # -I: not from the cwd
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +178,7 @@ def venv(tmp_path_factory) -> Venv:
     subprocess.run([sys.executable, "-m", "venv", str(env.root)], check=True, timeout=TIMEOUT_S)
     # torch first, alone, as CI pins it; then nothing may replace it, and the rest is pinned as in CI
     env.pip("install", "--quiet", "-r", ROOT / "requirements" / "torch-ci.txt")
-    torch_version = env.run(env.python, "-c", "import torch; print(torch.__version__)").split()[-1]
+    torch_version = env.run(env.python, "-c", TORCH_VERSION, stdout_only=True).strip()
     pins = {name: pin for name, pin in pinned("ci.txt").items() if name != "torch"}
     lines = [f"torch=={torch_version}"] + [f"{name}=={pin}" for name, pin in sorted(pins.items())]
     env.constraints.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -175,42 +186,49 @@ def venv(tmp_path_factory) -> Venv:
     return env
 
 
-def _install_and_use(venv: Venv, wheel: Path) -> None:
+def _install_and_use(venv: Venv, wheel: Path, tag: str) -> None:
     """Install WHEEL with each extra in turn, and use it; the package and Lightning are uninstalled first."""
     venv.pip("uninstall", "--yes", "lightning-midepoch", "lightning", "pytorch-lightning")
     for module in (NAME, "lightning", "pytorch_lightning"):
         assert not venv.finds(module), f"{module} is still installed"
 
-    venv.install(f"{wheel}[lightning]")
-    where = venv.run(venv.python, "-c", f"import {NAME}; print({NAME}.__file__, {NAME}.__version__)").split()
+    # [pytorch-lightning] first: the standalone package does not bring `lightning` (which requires it)
+    venv.install(f"{wheel}[pytorch-lightning]")
+    where = venv.run(venv.python, "-c", f"import {NAME}; print({NAME}.__file__, {NAME}.__version__)", stdout_only=True)
+    where = where.split()
     site_packages = venv.root / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
     assert Path(where[0]).is_relative_to(site_packages), f"{NAME} was imported from {where[0]}, not {site_packages}"
     assert where[1] == version()
-    assert venv.finds("lightning"), "[lightning] did not install lightning"
-    assert not venv.finds("pytorch_lightning"), "[lightning] installed pytorch_lightning too"
+    assert venv.finds("pytorch_lightning"), "[pytorch-lightning] did not install pytorch_lightning"
+    assert not venv.finds("lightning"), "[pytorch-lightning] installed lightning too"
     usage = venv.run(venv.bin / "lightning-midepoch", "--help")
     assert usage.startswith("usage: lightning-midepoch"), usage
     assert "inspect" in usage, usage
-    assert venv.run(venv.bin / "lightning-midepoch", "--version").split() == ["lightning-midepoch", version()]
-    resumed = venv.run(venv.python, HERE / "resume_check.py", "lightning.pytorch", venv.workdir / "lightning")
+    assert venv.run(venv.bin / "lightning-midepoch", "--version", stdout_only=True).split() == [
+        "lightning-midepoch",
+        version(),
+    ]
+    resumed = venv.run(
+        venv.python, venv.script("resume_check.py"), "pytorch_lightning", venv.runs / tag / "pytorch_lightning"
+    )
     assert f"from {site_packages}" in resumed, resumed
     assert "ok: resumed with MidEpochResume: final weights bitwise equal to uninterrupted" in resumed, resumed
 
-    venv.install(f"{wheel}[pytorch-lightning]")
-    assert venv.finds("pytorch_lightning")
-    resumed = venv.run(venv.python, HERE / "resume_check.py", "pytorch_lightning", venv.workdir / "pytorch_lightning")
+    venv.install(f"{wheel}[lightning]")
+    assert venv.finds("lightning"), "[lightning] did not install lightning"
+    resumed = venv.run(venv.python, venv.script("resume_check.py"), "lightning.pytorch", venv.runs / tag / "lightning")
     assert "ok: resumed with MidEpochResume: final weights bitwise equal to uninterrupted" in resumed, resumed
 
     extras = sorted(readme_extras())
     venv.install(f"{wheel}[{','.join(extras)}]")
-    checked = venv.run(venv.python, HERE / "extras_check.py", *extras)
+    checked = venv.run(venv.python, venv.script("extras_check.py"), *extras)
     assert all(f"ok: [{extra}]" in checked for extra in extras), checked
-    installed = venv.run(venv.python, "-c", "import torch; print(torch.__version__)").split()[-1]
+    installed = venv.run(venv.python, "-c", TORCH_VERSION, stdout_only=True).strip()
     assert installed == venv.torch_version, f"torch {venv.torch_version} was replaced by {installed}"
 
 
 def test_the_wheel_installs_and_works(dist_dir, venv):
-    _install_and_use(venv, _artifact(dist_dir, "-py3-none-any.whl"))
+    _install_and_use(venv, _artifact(dist_dir, "-py3-none-any.whl"), "wheel")
 
 
 def test_a_wheel_built_from_the_sdist_installs_and_works(dist_dir, venv, tmp_path):
@@ -218,13 +236,13 @@ def test_a_wheel_built_from_the_sdist_installs_and_works(dist_dir, venv, tmp_pat
     # as pip does for `pip install lightning-midepoch` from an sdist: an isolated build with the pinned backend
     venv.pip("wheel", "--quiet", "--no-deps", "--wheel-dir", tmp_path / "wheels", sdist)
     (wheel,) = (tmp_path / "wheels").glob(f"{NAME}-{version()}-py3-none-any.whl")
-    _install_and_use(venv, wheel)
+    _install_and_use(venv, wheel, "from-sdist")
 
     # the sdist's own tests run from it, against the installed package
     with tarfile.open(sdist) as archive:
         archive.extractall(tmp_path / "unpacked", filter="data")
     unpacked = tmp_path / "unpacked" / f"{NAME}-{version()}"
-    where = venv.run(venv.python, "-c", f"import {NAME}; print({NAME}.__file__)", cwd=unpacked)
+    where = venv.run(venv.python, "-c", f"import {NAME}; print({NAME}.__file__)", cwd=unpacked, stdout_only=True)
     assert not Path(where.strip()).is_relative_to(unpacked), f"{NAME} was imported from the unpacked sdist"
     ran = venv.run(venv.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SDIST_TESTS, cwd=unpacked)
     summary = ran.strip().splitlines()[-1]

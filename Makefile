@@ -92,7 +92,7 @@ dist-check: venv dist  ## the built sdist's contents; the wheel and a wheel buil
 pythons: $(foreach v,$(PYTHONS),.venv-py$(v)/.installed)  ## the Trainer-level tests on every supported Python
 	set -e; for v in $(PYTHONS); do \
 	  .venv-py$$v/bin/python -c "import sys, torch; print('Python', sys.version.split()[0], 'torch', torch.__version__)"; \
-	  .venv-py$$v/bin/python -m pytest tests/test_loops.py tests/test_distributed.py tests/test_legacy.py -q \
+	  .venv-py$$v/bin/python -m pytest tests/test_loops.py tests/test_distributed.py -q \
 	    -p no:cacheprovider; \
 	done
 

@@ -11,6 +11,16 @@ export PYTHONHASHSEED ?= 0
 
 COMPAT_VENV ?= .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
+DIST_VENV ?= .venv-dist
+DIST_STAMP := $(DIST_VENV)/.installed
+DIST_DIR ?= dist
+# The Pythons `make pythons` tests: exactly those of pyproject.toml's requires-python and classifiers
+# (tests/test_packaging.py checks). Others can be tried: `make pythons PYTHONS="3.11 3.12"`.
+PYTHONS ?= 3.11
+PYENV_ROOT ?= $(HOME)/.pyenv
+# torch for `make pythons`: torch-ci.txt's version, CPU build only. PyPI has no `+cpu` build, so a Python without a
+# CPU wheel on this machine fails at once instead of downloading the multi-GB CUDA build.
+TORCH_CPU := $(shell sed -n 's/^torch==\([0-9.]*\).*/torch==\1+cpu/p' requirements/torch-ci.txt)
 
 # `make lightning-suite LIGHTNING=/path/to/lightning-checkout`: Lightning's own tests, stock and with the callback
 # attached to every Trainer (tests/lightning_suite). Not part of CI: it needs a checkout of Lightning's repository.
@@ -33,9 +43,9 @@ SUITE_PYTEST = cd $(LIGHTNING)/tests/tests_pytorch && MIDEPOCH_SUITE_ATTACH=$(1)
 	--junitxml=$(SUITE_RESULTS)/$(2).xml > $(SUITE_RESULTS)/$(2).log 2>&1; \
 	tail -n 1 $(SUITE_RESULTS)/$(2).log; test -s $(SUITE_RESULTS)/$(2).xml
 
-.PHONY: venv demo test lint compat lightning-suite docs bench clean
+.PHONY: venv demo test lint compat lightning-suite docs bench dist dist-check pythons clean
 
-$(STAMP): requirements/*.txt setup.py pyproject.toml
+$(STAMP): requirements/*.txt pyproject.toml src/lightning_midepoch/__about__.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet -r requirements/torch-ci.txt
 	$(PIP) install --quiet -r requirements/ci.txt
@@ -50,7 +60,7 @@ demo: venv  ## the main job: train, SIGKILL mid-epoch, resume with and without t
 test: venv  ## every test, with branch coverage of src/ (at least 90%, enforced)
 	$(BIN)/python -m pytest src/lightning_midepoch tests --cov --cov-report=term-missing -p no:cacheprovider
 
-$(COMPAT_STAMP): requirements/compat.txt requirements/torch-ci.txt setup.py pyproject.toml
+$(COMPAT_STAMP): requirements/compat.txt requirements/torch-ci.txt pyproject.toml src/lightning_midepoch/__about__.py
 	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_VENV)/bin/python -m pip --disable-pip-version-check install --quiet -r requirements/torch-ci.txt
 	$(COMPAT_VENV)/bin/python -m pip --disable-pip-version-check install --quiet -r requirements/compat.txt
@@ -62,7 +72,7 @@ compat: venv $(COMPAT_STAMP)  ## the Trainer-level resume tests on the oldest su
 	$(COMPAT_VENV)/bin/python -m pytest tests/test_loops.py tests/test_distributed.py tests/test_legacy.py -q -p no:cacheprovider
 	MIDEPOCH_TEST_NAMESPACE=pytorch_lightning $(BIN)/python -m pytest tests/test_loops.py tests/test_legacy.py -q -p no:cacheprovider
 
-$(SUITE_STAMP): requirements/lightning-suite.txt requirements/torch-ci.txt setup.py pyproject.toml
+$(SUITE_STAMP): requirements/lightning-suite.txt requirements/torch-ci.txt pyproject.toml
 	test -x $(SUITE_VENV)/bin/python || $(PYTHON) -m venv $(SUITE_VENV)
 	$(SUITE_VENV)/bin/python -m pip --disable-pip-version-check install --quiet -r requirements/torch-ci.txt
 	$(SUITE_VENV)/bin/python -m pip --disable-pip-version-check install --quiet -r requirements/lightning-suite.txt
@@ -96,5 +106,38 @@ bench: venv  ## measurements, printed as tables; plots in benchmarks/results/
 	$(PIP) install --quiet --no-deps -r requirements/bench.txt
 	$(BIN)/python benchmarks/run_all.py
 
+$(DIST_STAMP): requirements/dist.txt
+	test -x $(DIST_VENV)/bin/python || $(PYTHON) -m venv $(DIST_VENV)
+	$(DIST_VENV)/bin/python -m pip --disable-pip-version-check install --quiet -r requirements/dist.txt
+	touch $(DIST_STAMP)
+
+dist: $(DIST_STAMP)  ## the sdist, and the wheel built from it, in dist/ (python -m build); twine checks their metadata
+	rm -rf $(DIST_DIR)
+	$(DIST_VENV)/bin/python -m build --outdir $(DIST_DIR) .
+	$(DIST_VENV)/bin/twine check --strict $(DIST_DIR)/*
+
+dist-check: venv dist  ## the built sdist's contents; the wheel and a wheel built from the sdist, installed in a fresh venv
+	MIDEPOCH_DIST_DIR=$(DIST_DIR) $(BIN)/python -m pytest tests/packaging -v --durations=0 -p no:cacheprovider
+
+# one virtual environment per tested Python, .venv-py3.X (the interpreter from pyenv, else python3.X on PATH)
+.venv-py%/.installed: requirements/pythons.txt requirements/torch-ci.txt pyproject.toml
+	py=$$(ls -d $(PYENV_ROOT)/versions/$*.*/bin/python 2>/dev/null | sort -V | tail -n 1); \
+	  py=$${py:-$$(command -v python$*)}; \
+	  test -n "$$py" || { echo "make pythons: no Python $* on this machine"; exit 1; }; \
+	  test -x $(@D)/bin/python || $$py -m venv $(@D)
+	$(@D)/bin/python -m pip --disable-pip-version-check install --quiet --only-binary=:all: $(TORCH_CPU) || \
+	  { echo "make pythons: no CPU build of $(TORCH_CPU) for Python $* here: not tested, so not claimed"; exit 1; }
+	$(@D)/bin/python -m pip --disable-pip-version-check install --quiet -c requirements/torch-ci.txt \
+	  -r requirements/pythons.txt
+	$(@D)/bin/python -m pip --disable-pip-version-check install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+pythons: $(foreach v,$(PYTHONS),.venv-py$(v)/.installed)  ## the Trainer-level tests on every supported Python
+	set -e; for v in $(PYTHONS); do \
+	  .venv-py$$v/bin/python -c "import sys, torch; print('Python', sys.version.split()[0], 'torch', torch.__version__)"; \
+	  .venv-py$$v/bin/python -m pytest tests/test_loops.py tests/test_distributed.py -q \
+	    -p no:cacheprovider; \
+	done
+
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) $(SUITE_VENV) $(SUITE_OUT) build dist *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage demo-output docs/_build
+	rm -rf $(VENV) $(COMPAT_VENV) $(SUITE_VENV) $(SUITE_OUT) $(DIST_VENV) .venv-py* build $(DIST_DIR) *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage demo-output docs/_build

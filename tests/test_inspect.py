@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from harness import Config, CrashPoint, checkpoint_path, run
-from lightning_midepoch import _inspect
+from lightning_midepoch import __version__, _inspect
 from lightning_midepoch import _state as S
 from lightning_midepoch.__main__ import main
 from lightning_midepoch._inspect import Counts, ResumePoint, analyse, batch_stage, epoch_stage, resume_point
@@ -269,7 +269,7 @@ def test_exact_mid_epoch_checkpoint_text(ckpts, capsys):
     assert (code, err) == (0, "")
     lines = out.splitlines()
     assert lines[0] == f"Checkpoint:         {ckpts['exact']}"
-    assert "Written by:         lightning 2.6.6, lightning-midepoch 0.1.0, torch" in out
+    assert f"Written by:         lightning 2.6.6, lightning-midepoch {__version__}, torch" in out
     assert "Saved:              in on_train_batch_end of batch_idx 3, epoch 1" in lines
     assert "Resumes at:         epoch 1, batch_idx 4 (first the rest of batch_idx 3" in out
     assert "Global step:        14" in lines
@@ -294,7 +294,7 @@ def test_exact_mid_epoch_checkpoint_json(ckpts, capsys):
     assert set(doc) == TOP_KEYS
     assert doc["schema_version"] == 1
     assert doc["path"] == str(ckpts["exact"])
-    assert doc["written_by"] == {"lightning": "2.6.6", "lightning_midepoch": "0.1.0", "torch": torch.__version__}
+    assert doc["written_by"] == {"lightning": "2.6.6", "lightning_midepoch": __version__, "torch": torch.__version__}
     assert doc["resume"] == {"saved_at": "batch_end", "epoch": 1, "batch": 4, "batches_trained": 4, "epoch_done": False}
     assert (doc["global_step"], doc["world_size"]) == (14, 1)
     assert doc["state"]["present"] is True

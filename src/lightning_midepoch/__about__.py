@@ -1,6 +1,3 @@
-"""Package metadata."""
+"""The package's version: the one place it is set (``pyproject.toml`` reads it when the package is built)."""
 
-__version__ = "0.1.0"
-__author__ = "lightning-midepoch developers"
-__license__ = "Apache-2.0"
-__docs__ = "Exact mid-epoch resume for PyTorch Lightning with plain map-style DataLoaders."
+__version__ = "0.2.0"

@@ -98,12 +98,12 @@ class _ResumableFitLoop(_FitLoopBase):
     def on_advance_start(self) -> None:
         # before on_train_epoch_start: a new epoch's hooks and order draw from the states the checkpoint recorded
         self._midepoch.restore_live_state()
-        self._midepoch.epoch_started()
+        self._midepoch.saver.epoch_started()
         super().on_advance_start()
 
     @override
     def on_advance_end(self) -> None:
-        self._midepoch.epoch_loop_ended()
+        self._midepoch.saver.epoch_loop_ended()
         super().on_advance_end()
 
 

@@ -1,18 +1,25 @@
-"""The callback's checkpoint state at one moment, and the exchange that brings every rank's part into it.
+"""What a checkpoint saves: the callback's state at one moment, and the exchange that brings every rank's part in.
 
-A checkpoint can be written while ``fit`` runs or after it ended (``trainer.save_checkpoint`` once ``fit`` returned
-or raised). The session therefore keeps a :class:`Snapshot` of the moment training stopped: a checkpoint written
-later records where the run stopped and the random states it had then, not what the process did afterwards.
+:class:`Saver` builds the state of one trainer's session. A checkpoint can be written while ``fit`` runs or after it
+ended (``trainer.save_checkpoint`` once ``fit`` returned or raised), so the state of the moment training stopped is
+kept as a :class:`Snapshot`: a checkpoint written later records where the run stopped and the random states it had
+then, not what the process did afterwards. :func:`gather` brings every rank's part to the rank that writes the file.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lightning_midepoch import _compat, _rng
 from lightning_midepoch import _state as S
+from lightning_midepoch.__about__ import __version__
+
+if TYPE_CHECKING:
+    from lightning_midepoch._session import _Session
 
 
 @dataclass(frozen=True)
@@ -28,6 +35,152 @@ class Snapshot:
     def state_dict(self) -> dict[str, Any]:
         """The state as Lightning stores it: every rank's part, in global rank order, in the one written file."""
         return {**self.facts, S.KEY_RANKS: gather(self.rank_state, self.rank, self.world_size, self.own_only)}
+
+
+class Saver:
+    """What one trainer's checkpoints save: the live states, and those of the moments Lightning re-runs from.
+
+    Lightning re-runs what a checkpoint interrupted: an epoch's start, a batch, and (with the callback) the rest of
+    an epoch the training loop left early. The saver keeps the states of those moments, read as they pass (cheaply:
+    torch's generator state at each batch, the process-wide states at each epoch), and builds the state to save.
+    """
+
+    def __init__(self, session: _Session) -> None:
+        self.session = session
+        # iterable datasets that save their own position: their states before each of the latest fetches
+        self.dataset_history: dict[int, deque[Any]] = {}
+        self.epoch_start: dict[str, Any] | None = None  # before on_train_epoch_start
+        self.batch_start: dict[str, Any] | None = None  # torch's generators after the batch was fetched
+        self.backward_done = False  # the current batch's backward has run
+        self.stopped: Snapshot | None = None  # the training loop stopped before the epoch's end: the state then
+
+    def attach(self, loaders: list[Any]) -> None:
+        """Follow the positions of the train loaders' iterable datasets that save their own (``state_dict``)."""
+        self.dataset_history = {
+            index: deque(maxlen=8) for index, loader in enumerate(loaders) if _saves_dataset_state(loader)
+        }
+
+    def epoch_started(self) -> None:
+        """Called before each epoch's ``on_train_epoch_start`` (and sampler epoch)."""
+        self.epoch_start = _rng.capture_global(include_cuda=True)
+        self.stopped = None
+
+    def batch_started(self) -> None:
+        """Called right after every fetch: the batch starts (reading torch's states costs about a microsecond)."""
+        self.batch_start = _rng.capture_torch()
+        self.backward_done = False
+
+    def before_fetch(self) -> None:
+        """Called right before every fetch from the train loaders."""
+        for index, history in self.dataset_history.items():
+            history.append(self.session.loaders[index].dataset.state_dict())
+
+    def state_dict(self) -> dict[str, Any]:
+        """The callback's checkpoint state (see :mod:`lightning_midepoch._state` for the layout)."""
+        return self.snapshot().state_dict()
+
+    def snapshot(self) -> Snapshot:
+        """The state to save now: as of the moment the training loop stopped early, if it did; otherwise now."""
+        return self.stopped if self.stopped is not None else self._snapshot_now(stopped=False)
+
+    def epoch_loop_ended(self) -> None:
+        """Called when the epoch's training loop has returned, before the epoch's end hooks.
+
+        If it stopped before the epoch's end (``max_steps``, ``max_time``, ``trainer.should_stop``), Lightning
+        counts the epoch as finished, but a longer run would have continued it: checkpoints written from now on
+        record this moment, and resuming one continues the epoch.
+        """
+        epoch_loop = self.session.trainer.fit_loop.epoch_loop
+        progress = epoch_loop.batch_progress.current
+        finished_batches = 0 < progress.ready == progress.completed  # not cancelled by on_train_batch_start -> -1
+        if finished_batches and not _compat.all_batches_reached(epoch_loop):
+            self.stopped = self._snapshot_now(stopped=True)
+
+    def _snapshot_now(self, stopped: bool) -> Snapshot:
+        trainer, session = self.session.trainer, self.session
+        passes: list[dict[str, Any] | None] = [
+            recorder.record.state_dict() if recorder is not None and recorder.record is not None else None
+            for recorder in self.session.recorders
+        ]
+        rank_state = {
+            S.KEY_RNG: self._live_states(),
+            S.KEY_PASSES: passes,
+            S.KEY_GENERATORS: [
+                _rng.capture_objects(recorder.rng_objects) if recorder is not None else None
+                for recorder in self.session.recorders
+            ],
+            S.KEY_DATASET_STATES: [self._dataset_state(index) for index in range(len(self.session.loaders))],
+            S.KEY_GRADS: self._partial_grads(),
+        }
+        fetcher = self.session.fetcher
+        fetched = 0
+        if fetcher is not None and fetcher.iterator is not None:
+            fetched = fetcher.fetched - len(getattr(fetcher, "batches", ()))
+        facts = {
+            S.KEY_VERSION: S.STATE_VERSION,
+            S.KEY_PACKAGE_VERSION: __version__,
+            S.KEY_LIGHTNING_VERSION: _compat.lightning_version(trainer),
+            S.KEY_TORCH_VERSION: str(torch.__version__),
+            S.KEY_EPOCH: trainer.current_epoch,
+            S.KEY_FETCHED: fetched,
+            S.KEY_STOPPED: stopped,
+            S.KEY_WORLD_SIZE: trainer.world_size,
+            S.KEY_MODE: _compat.combined_mode(self.session.combined_loader)
+            if self.session.combined_loader is not None
+            else "",
+            S.KEY_ELASTIC: session.elastic
+            if session.elastic and session.elastic["epoch"] == trainer.current_epoch
+            else None,
+            S.KEY_LOADERS: [S.loader_facts(loader) for loader in self.session.loaders],
+        }
+        return Snapshot(facts, rank_state, trainer.global_rank, trainer.world_size, _compat.interrupted(trainer))
+
+    def _dataset_state(self, index: int) -> Any:
+        """An iterable dataset's own position at the first batch the loop has not consumed."""
+        history = self.dataset_history.get(index)
+        if history is None:
+            return None
+        pending = len(getattr(self.session.fetcher, "batches", ()))  # fetched ahead, not consumed yet
+        if pending and len(history) >= pending:
+            return history[-pending]
+        return self.session.loaders[index].dataset.state_dict()
+
+    def _live_states(self) -> dict[str, Any]:
+        """The states the resumed run continues from: now, unless Lightning will re-run what is in progress."""
+        live = _rng.capture_global(include_cuda=True)
+        fit_loop = self.session.trainer.fit_loop
+        epoch = fit_loop.epoch_progress.current
+        batch = fit_loop.epoch_loop.batch_progress.current  # _BatchProgress's trackers count each stage
+        if epoch.started < epoch.ready and self.epoch_start is not None:  # type: ignore[attr-defined]
+            # written inside on_train_epoch_start: a resumed run runs the epoch's start again
+            return self.epoch_start
+        if batch.processed < batch.ready and self.batch_start is not None:  # type: ignore[attr-defined]
+            # written inside a batch (on_train_batch_start, training_step, backward, optimizer step): a resumed run
+            # runs the batch again, from the torch states it started with
+            if self.backward_done and self.session.trainer.fit_loop.epoch_loop._should_accumulate():
+                _compat.warn(
+                    "A checkpoint was written after the backward pass of a batch inside a gradient accumulation"
+                    " group. Resuming it runs that batch again and adds its gradients a second time: the resumed run"
+                    " will differ slightly. Write checkpoints in on_train_batch_end (as ModelCheckpoint does).",
+                    self.session.trainer,
+                    self.session.warned,
+                )
+            return {**live, **self.batch_start}
+        return live
+
+    def _partial_grads(self) -> dict[str, torch.Tensor] | None:
+        """Gradients accumulated so far in an unfinished accumulation group (not in Lightning's checkpoint)."""
+        module = self.session.trainer.lightning_module
+        if not module.automatic_optimization or not self.session.trainer.fit_loop.epoch_loop._should_accumulate():
+            return None
+        grads = {name: p.grad.detach().cpu().clone() for name, p in module.named_parameters() if p.grad is not None}
+        return grads or None
+
+
+def _saves_dataset_state(loader: Any) -> bool:
+    """An iterable dataset in the main process that saves its own position (``state_dict``)."""
+    dataset = getattr(loader, "dataset", None)
+    return S.loader_kind(loader) == S.KIND_ITERABLE and S.is_stateful(dataset) and loader.num_workers == 0
 
 
 def gather(rank_state: dict[str, Any], rank: int, world_size: int, own_only: bool) -> list[dict[str, Any] | None]:

@@ -1,26 +1,22 @@
-"""One trainer's mid-epoch resume machinery, from the callback's ``setup`` to its ``teardown``.
+"""One trainer's mid-epoch resume machinery, from the callback's ``setup`` to the end of its ``fit``.
 
 The session installs the loop and fetcher overrides on its trainer (and only there), wraps the index sampler of each
-map-style train loader in a recorder, builds the callback's checkpoint state, and on resume plans where each loader
-continues and restores the saved random states and partial gradients.
+map-style train loader in a recorder, and on resume plans where each loader continues and restores the saved random
+states and partial gradients. What checkpoints save is its :class:`~lightning_midepoch._saving.Saver`'s concern.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-
 from lightning_midepoch import _compat, _elastic, _rng
 from lightning_midepoch import _state as S
-from lightning_midepoch.__about__ import __version__
 from lightning_midepoch._fetchers import _ResumableDataFetcher
 from lightning_midepoch._loops import _ResumableFitLoop, _ResumableTrainingEpochLoop
 from lightning_midepoch._mixin import mix_in, unmix
 from lightning_midepoch._order import _IndexSamplerRecorder, _PassRecord, _Replay
-from lightning_midepoch._saving import Snapshot
+from lightning_midepoch._saving import Saver
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -47,17 +43,11 @@ class _Session:
         self.iterator_held = False
         self.finish_interrupted_batch = False
         self._live_pending = False
-        self._warned: set[str] = set()
-        # iterable datasets that save their own position: their states before each of the latest fetches
-        self._dataset_history: dict[int, deque[Any]] = {}
+        self.warned: set[str] = set()
         self._originals: list[tuple[object, type]] = []
-        # where Lightning re-runs work after a resume: the states it must start from again
-        self._epoch_start: dict[str, Any] | None = None  # before on_train_epoch_start
-        self._batch_start: dict[str, Any] | None = None  # torch's generators after the batch was fetched
-        self.backward_done = False  # the current batch's backward has run
         self.fetching = False  # the training loop is creating or advancing its train iterator
-        self._elastic: dict[str, Any] | None = None  # the epoch being finished on another world size
-        self._stopped: Snapshot | None = None  # the training loop stopped before the epoch's end: the state then
+        self.elastic: dict[str, Any] | None = None  # the epoch being finished on another world size
+        self.saver = Saver(self)  # what checkpoints save
         self.resuming = False  # this fit resumes from a checkpoint (the loops were restored before it trained)
         self.trained = False  # the fit loop has set up its data: restores from now on are a tuner's, not a resume
         self.entry_found = False  # the checkpoint resumed has a MidEpochResume entry (possibly an empty one)
@@ -91,32 +81,17 @@ class _Session:
         self.combined_loader = combined_loader
         self.loaders = list(combined_loader.flattened)
         self.recorders = [self._install_recorder(loader) for loader in self.loaders]
-        self._dataset_history = {
-            index: deque(maxlen=8) for index, loader in enumerate(self.loaders) if self._saves_dataset_state(loader)
-        }
-
-    @staticmethod
-    def _saves_dataset_state(loader: Any) -> bool:
-        """An iterable dataset in the main process that saves its own position (``state_dict``)."""
-        dataset = getattr(loader, "dataset", None)
-        return S.loader_kind(loader) == S.KIND_ITERABLE and S.is_stateful(dataset) and loader.num_workers == 0
-
-    def epoch_started(self) -> None:
-        """Called before each epoch's ``on_train_epoch_start`` (and sampler epoch)."""
-        self._epoch_start = _rng.capture_global(include_cuda=True)
-        self._stopped = None
+        self.saver.attach(self.loaders)
 
     def after_fetch(self) -> None:
-        """Called right after every fetch: the batch starts (reading torch's states costs about a microsecond)."""
-        self._batch_start = _rng.capture_torch()
-        self.backward_done = False
+        """Called right after every fetch from the train loaders."""
+        self.saver.batch_started()
         self.fetching = False
 
     def before_fetch(self) -> None:
         """Called right before every fetch from the train loaders."""
         self.fetching = True
-        for index, history in self._dataset_history.items():
-            history.append(self.loaders[index].dataset.state_dict())
+        self.saver.before_fetch()
 
     def _install_recorder(self, loader: Any) -> _IndexSamplerRecorder | None:
         if S.loader_kind(loader) != S.KIND_MAP:
@@ -145,104 +120,6 @@ class _Session:
         for recorder in self.recorders:
             if recorder is not None:
                 recorder.start_epoch()
-
-    # ------------------------------------------------------------------ saving
-    def state_dict(self) -> dict[str, Any]:
-        """The callback's checkpoint state (see :mod:`lightning_midepoch._state` for the layout)."""
-        return self.snapshot().state_dict()
-
-    def snapshot(self) -> Snapshot:
-        """The state to save now: as of the moment the training loop stopped early, if it did; otherwise now."""
-        return self._stopped if self._stopped is not None else self._snapshot_now(stopped=False)
-
-    def epoch_loop_ended(self) -> None:
-        """Called when the epoch's training loop has returned, before the epoch's end hooks.
-
-        If it stopped before the epoch's end (``max_steps``, ``max_time``, ``trainer.should_stop``), Lightning
-        counts the epoch as finished, but a longer run would have continued it: checkpoints written from now on
-        record this moment, and resuming one continues the epoch.
-        """
-        epoch_loop = self.trainer.fit_loop.epoch_loop
-        progress = epoch_loop.batch_progress.current
-        finished_batches = 0 < progress.ready == progress.completed  # not cancelled by on_train_batch_start -> -1
-        if finished_batches and not _compat.all_batches_reached(epoch_loop):
-            self._stopped = self._snapshot_now(stopped=True)
-
-    def _snapshot_now(self, stopped: bool) -> Snapshot:
-        trainer = self.trainer
-        passes: list[dict[str, Any] | None] = [
-            recorder.record.state_dict() if recorder is not None and recorder.record is not None else None
-            for recorder in self.recorders
-        ]
-        rank_state = {
-            S.KEY_RNG: self._live_states(),
-            S.KEY_PASSES: passes,
-            S.KEY_GENERATORS: [
-                _rng.capture_objects(recorder.rng_objects) if recorder is not None else None
-                for recorder in self.recorders
-            ],
-            S.KEY_DATASET_STATES: [self._dataset_state(index) for index in range(len(self.loaders))],
-            S.KEY_GRADS: self._partial_grads(),
-        }
-        fetcher = self.fetcher
-        fetched = 0
-        if fetcher is not None and fetcher.iterator is not None:
-            fetched = fetcher.fetched - len(getattr(fetcher, "batches", ()))
-        facts = {
-            S.KEY_VERSION: S.STATE_VERSION,
-            S.KEY_PACKAGE_VERSION: __version__,
-            S.KEY_LIGHTNING_VERSION: _compat.lightning_version(trainer),
-            S.KEY_TORCH_VERSION: str(torch.__version__),
-            S.KEY_EPOCH: trainer.current_epoch,
-            S.KEY_FETCHED: fetched,
-            S.KEY_STOPPED: stopped,
-            S.KEY_WORLD_SIZE: trainer.world_size,
-            S.KEY_MODE: _compat.combined_mode(self.combined_loader) if self.combined_loader is not None else "",
-            S.KEY_ELASTIC: self._elastic if self._elastic and self._elastic["epoch"] == trainer.current_epoch else None,
-            S.KEY_LOADERS: [S.loader_facts(loader) for loader in self.loaders],
-        }
-        return Snapshot(facts, rank_state, trainer.global_rank, trainer.world_size, _compat.interrupted(trainer))
-
-    def _dataset_state(self, index: int) -> Any:
-        """An iterable dataset's own position at the first batch the loop has not consumed."""
-        history = self._dataset_history.get(index)
-        if history is None:
-            return None
-        pending = len(getattr(self.fetcher, "batches", ()))  # fetched ahead, not consumed yet
-        if pending and len(history) >= pending:
-            return history[-pending]
-        return self.loaders[index].dataset.state_dict()
-
-    def _live_states(self) -> dict[str, Any]:
-        """The states the resumed run continues from: now, unless Lightning will re-run what is in progress."""
-        live = _rng.capture_global(include_cuda=True)
-        fit_loop = self.trainer.fit_loop
-        epoch = fit_loop.epoch_progress.current
-        batch = fit_loop.epoch_loop.batch_progress.current  # _BatchProgress's trackers count each stage
-        if epoch.started < epoch.ready and self._epoch_start is not None:  # type: ignore[attr-defined]
-            # written inside on_train_epoch_start: a resumed run runs the epoch's start again
-            return self._epoch_start
-        if batch.processed < batch.ready and self._batch_start is not None:  # type: ignore[attr-defined]
-            # written inside a batch (on_train_batch_start, training_step, backward, optimizer step): a resumed run
-            # runs the batch again, from the torch states it started with
-            if self.backward_done and self.trainer.fit_loop.epoch_loop._should_accumulate():
-                _compat.warn(
-                    "A checkpoint was written after the backward pass of a batch inside a gradient accumulation"
-                    " group. Resuming it runs that batch again and adds its gradients a second time: the resumed run"
-                    " will differ slightly. Write checkpoints in on_train_batch_end (as ModelCheckpoint does).",
-                    self.trainer,
-                    self._warned,
-                )
-            return {**live, **self._batch_start}
-        return live
-
-    def _partial_grads(self) -> dict[str, torch.Tensor] | None:
-        """Gradients accumulated so far in an unfinished accumulation group (not in Lightning's checkpoint)."""
-        module = self.trainer.lightning_module
-        if not module.automatic_optimization or not self.trainer.fit_loop.epoch_loop._should_accumulate():
-            return None
-        grads = {name: p.grad.detach().cpu().clone() for name, p in module.named_parameters() if p.grad is not None}
-        return grads or None
 
     # ------------------------------------------------------------------ resuming
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -308,7 +185,7 @@ class _Session:
                     " handling an exception, when the ranks could not exchange them): this rank continues with fresh"
                     " random states. The data order is still exact.",
                     self.trainer,
-                    self._warned,
+                    self.warned,
                 )
             return
         _rng.restore_global(rank_state[S.KEY_RNG])
@@ -319,7 +196,7 @@ class _Session:
                 "The checkpoint was written inside a gradient accumulation group on another number of devices: the"
                 " gradients accumulated so far are dropped and the group restarts on the new devices.",
                 self.trainer,
-                self._warned,
+                self.warned,
             )
         elif grads:
             for name, parameter in self.trainer.lightning_module.named_parameters():
@@ -432,7 +309,7 @@ class _Session:
                 f"{error} Continuing the interrupted epoch from a freshly started order (on_mismatch='restart_epoch'):"
                 " some samples of this epoch will be seen twice and others not at all.",
                 self.trainer,
-                self._warned,
+                self.warned,
             )
             return "restart"
         return "elastic" if elastic else "exact"
@@ -494,7 +371,7 @@ class _Session:
             else mine
         )
         offset = max(len(recorder) - len(items), 0)
-        self._elastic = {**elastic, "current": {**layout, "batch_offset": offset}}
+        self.elastic = {**elastic, "current": {**layout, "batch_offset": offset}}
         _compat.move_batch_progress(epoch_loop.batch_progress, offset)
         with _rng.isolated_global():
             self._build(fetcher, {0: _Replay(None, 0, 0, batches=items)})
@@ -522,7 +399,7 @@ class _Session:
             f" {name} `state_dict()`/`load_state_dict()` methods that save and restore its position (read in the"
             " main process, so with num_workers=0), or use torchdata's StatefulDataLoader.",
             self.trainer,
-            self._warned,
+            self.warned,
         )
 
     def _warn_stock_checkpoint(self) -> None:
@@ -532,7 +409,7 @@ class _Session:
             " continues exactly; random orders and the random states of dropout and augmentation cannot be"
             " recovered and are drawn afresh. Checkpoints written with MidEpochResume attached resume exactly.",
             self.trainer,
-            self._warned,
+            self.warned,
         )
 
     def _warn_unrecoverable(self, index: int) -> None:
@@ -541,7 +418,7 @@ class _Session:
             " (it recorded no random state for it). The epoch continues with its remaining number of batches drawn"
             " from a fresh order: some samples of this epoch will be seen twice and others not at all.",
             self.trainer,
-            self._warned,
+            self.warned,
         )
 
 

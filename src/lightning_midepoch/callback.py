@@ -107,7 +107,7 @@ class MidEpochResume(_CallbackBase):
     @override
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._session is not None:
-            self._session.backward_done = True
+            self._session.saver.backward_done = True
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
@@ -121,14 +121,14 @@ class MidEpochResume(_CallbackBase):
     def _finish(self) -> None:
         """Keep where the fit stopped, for a checkpoint written after it, and give the trainer its stock loops back."""
         if self._session is not None:
-            self._final = self._session.snapshot()
+            self._final = self._session.saver.snapshot()
             self._session.uninstall()
             self._session = None
 
     @override
     def state_dict(self) -> dict[str, Any]:
         if self._session is not None:
-            return self._session.state_dict()
+            return self._session.saver.state_dict()
         if self._final is not None:  # written after fit (`trainer.save_checkpoint` once `fit` returned or raised)
             return self._final.state_dict()
         return S.empty_state()  # no fit has run: there is no position to record

@@ -50,7 +50,7 @@ def test_build_backend_is_pinned_alike_everywhere():
     name, _, pin = backend.partition("==")
     assert name == "setuptools", backend
     assert pin, f"[build-system] requires {backend!r}: pin it exactly"
-    for requirements in ("ci.txt", "compat.txt", "pythons.txt"):
+    for requirements in ("ci.txt", "compat.txt", "pythons.txt", "lightning-suite.txt"):
         assert pinned(requirements).get("setuptools") == pin, f"requirements/{requirements}: setuptools=={pin}"
 
 

@@ -15,6 +15,7 @@ import torch
 
 from harness import (
     NAMESPACE,
+    Comparison,
     Config,
     CrashPoint,
     L,
@@ -22,6 +23,7 @@ from harness import (
     RunResult,
     assert_exact,
     assert_same_state,
+    checkpoint_path,
     interrupt_and_resume,
     run,
 )
@@ -185,3 +187,40 @@ def test_training_step_with_dataloader_iter_is_unchanged_and_resumes_exactly(pul
     """The steps pull their batches themselves: the checkpoint counts the batches, not the steps."""
     config = Config(pulls=pulls, hook_draws=False)
     assert_exact(interrupt_and_resume(config, CrashPoint("train_batch_end", epoch=1, batch=1), tmp_path))
+
+
+def _resume_with(make: Any, config: Config, crash: CrashPoint, tmp_path) -> Comparison:
+    """interrupt_and_resume, with ``make()`` giving each run the same extra callbacks."""
+    full = run(config, tmp_path / "full", extra_callbacks=[make()])
+    interrupted = run(config, tmp_path / "interrupted", crash=crash, extra_callbacks=[make()])
+    assert interrupted.crashed
+    resumed = run(
+        config,
+        tmp_path / "resumed",
+        ckpt_path=checkpoint_path(tmp_path / "interrupted", crash),
+        seed=2,
+        extra_callbacks=[make()],
+    )
+    return Comparison(full, interrupted, resumed)
+
+
+# written by ModelCheckpoint, which Lightning runs after the other callbacks (so the average includes the batch)
+WHILE_AVERAGING, BEFORE_AVERAGING = CrashPoint("model_checkpoint", step=13), CrashPoint("model_checkpoint", step=4)
+
+
+@pytest.mark.parametrize("crash", [WHILE_AVERAGING, BEFORE_AVERAGING], ids=["while-averaging", "before-averaging"])
+def test_weight_averaging_resumes_exactly(crash, tmp_path):
+    assert_exact(_resume_with(_averaging, Config(), crash, tmp_path))
+
+
+def test_stochastic_weight_averaging_resumes_exactly_from_an_epochs_end(tmp_path):
+    assert_exact(_resume_with(_swa, Config(), CrashPoint("train_epoch_end", epoch=0), tmp_path))
+
+
+@pytest.mark.parametrize("crash", [WHILE_AVERAGING, BEFORE_AVERAGING], ids=["while-averaging", "before-averaging"])
+def test_stochastic_weight_averaging_mid_epoch_warns_before_training(crash, tmp_path):
+    """Lightning's SWA callback does not resume exactly mid-epoch (stock Lightning neither): said before training."""
+    with pytest.warns(UserWarning, match="StochasticWeightAveraging does not resume exactly") as caught:
+        comparison = _resume_with(_swa, Config(), crash, tmp_path)
+    assert comparison.resumed.seen == comparison.full.seen[len(comparison.interrupted.seen) :]  # the data is exact
+    assert any("StochasticWeightAveraging" in str(w.message) for w in caught)

@@ -186,6 +186,16 @@ def move_batch_progress(progress: Any, ready: int) -> None:
             setattr(tracker, name, ready if value is None else getattr(tracker, name) + value)
 
 
+def has_callback(trainer: Trainer, name: str) -> bool:
+    """Whether one of the trainer's callbacks is (a subclass of) Lightning's public callback ``name``."""
+    stock = getattr(importlib.import_module(f"{_pytorch_module(trainer)}.callbacks"), name)
+    return any(isinstance(callback, stock) for callback in getattr(trainer, "callbacks", ()))
+
+
+def _pytorch_module(obj: object) -> str:
+    return "lightning.pytorch" if namespace(obj) == "lightning" else "pytorch_lightning"
+
+
 def is_resuming(trainer: Trainer) -> bool:
     """The fit loop's ``is_resuming`` (Lightning 2.6; 2.5 lacks it and re-creates the iterator, which 2.6 fixed)."""
     return bool(getattr(trainer.fit_loop, "is_resuming", False))

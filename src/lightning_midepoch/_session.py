@@ -230,6 +230,8 @@ class _Session:
             # a new epoch: its order is drawn now from the live states, exactly as in the uninterrupted run
             self._build(fetcher, {i: _Replay(None, 0, 0, live=True) for i in self._rewound_loaders(epoch)})
             return
+        if _compat.has_callback(trainer, "StochasticWeightAveraging"):
+            self._warn_swa()
         if self.loaded is not None and _compat.steps_pull_batches(fetcher):
             # training_step(dataloader_iter): a step pulls as many batches as it likes; the fetcher counted them
             consumed = self.loaded[S.KEY_FETCHED]
@@ -398,6 +400,16 @@ class _Session:
             " the interrupted epoch restarts its iteration from the beginning. To resume it exactly, give"
             f" {name} `state_dict()`/`load_state_dict()` methods that save and restore its position (read in the"
             " main process, so with num_workers=0), or use torchdata's StatefulDataLoader.",
+            self.trainer,
+            self.warned,
+        )
+
+    def _warn_swa(self) -> None:
+        _compat.warn(
+            "StochasticWeightAveraging does not resume exactly from a checkpoint written in the middle of an epoch"
+            " (its learning-rate schedule lags one epoch behind the uninterrupted run's; stock Lightning does the"
+            " same): the resumed run will differ. Resume from a checkpoint written at an epoch's end, or use"
+            " WeightAveraging, which resumes exactly.",
             self.trainer,
             self.warned,
         )

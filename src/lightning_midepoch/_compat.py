@@ -193,6 +193,7 @@ def has_callback(trainer: Trainer, name: str) -> bool:
 
 
 def _pytorch_module(obj: object) -> str:
+    """Where the object's Lightning keeps its trainer package: ``lightning.pytorch`` or ``pytorch_lightning``."""
     return "lightning.pytorch" if namespace(obj) == "lightning" else "pytorch_lightning"
 
 
@@ -243,10 +244,7 @@ def interrupted(trainer: Trainer) -> bool:
 
 def info(message: str, trainer: object) -> None:
     """Log an informational message on rank zero through Lightning's channel."""
-    package = namespace(trainer)
-    rank_zero = importlib.import_module(
-        "lightning.pytorch.utilities.rank_zero" if package == "lightning" else "pytorch_lightning.utilities.rank_zero"
-    )
+    rank_zero = importlib.import_module(f"{_pytorch_module(trainer)}.utilities.rank_zero")
     rank_zero.rank_zero_info(message)
 
 
@@ -265,11 +263,8 @@ def warn(message: str, trainer: object, seen: set[str]) -> None:
     if message in seen:
         return
     seen.add(message)
-    package = namespace(trainer)
-    rank_zero = importlib.import_module(
-        "lightning.pytorch.utilities.rank_zero" if package == "lightning" else "pytorch_lightning.utilities.rank_zero"
-    )
-    rank_zero.rank_zero_warn(message, category=_possible_user_warning(package))
+    rank_zero = importlib.import_module(f"{_pytorch_module(trainer)}.utilities.rank_zero")
+    rank_zero.rank_zero_warn(message, category=_possible_user_warning(namespace(trainer)))
 
 
 def _possible_user_warning(package: str) -> type[Warning]:

@@ -120,6 +120,17 @@ def test_check_loaders(current, message):
         S.check_loaders([_facts()], current, FIX)
 
 
+def test_check_loaders_names_the_loader_that_differs():
+    """The message says which train dataloader differs; every one is compared, whatever the kind of those before."""
+    saved = [_facts(kind="stateful"), _facts(), _facts()]
+    with pytest.raises(MidEpochResumeError, match="saved with train dataloader 2 having batch_size=2 but the current"):
+        S.check_loaders(saved, [_facts(kind="stateful"), _facts(), _facts(batch_size=3)], FIX)
+    with pytest.raises(MidEpochResumeError, match="saved with train dataloader 1 of kind 'map' but it is 'iterable'"):
+        S.check_loaders(saved, [_facts(kind="stateful"), _facts(kind="iterable"), _facts()], FIX)
+    with pytest.raises(MidEpochResumeError, match="saved with the train dataloader having drop_last=False but"):
+        S.check_loaders([_facts()], [_facts(drop_last=True)], FIX)
+
+
 def test_check_loaders_accepts_the_same_and_ignores_non_map_details():
     S.check_loaders([_facts()], [_facts()], FIX)
     S.check_loaders([_facts(kind="stateful", batch_size=1)], [_facts(kind="stateful", batch_size=2)], FIX)
@@ -143,6 +154,7 @@ def _distributed_facts(**changes):
             r"its train dataloader's order \(MySampler \(custom\)\) has no global order",
         ),
         ([_facts()], 2, "its 2 ranks did not shard one order with a DistributedSampler"),
+        ([], 2, "it has 0 train dataloaders"),
     ],
 )
 def test_check_elastic_rejects(saved, saved_world_size, message):

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 import torch
 
+from gather_job import rank_state
 from harness import NAMESPACE, Comparison, Config, L, Model, ModelCheckpoint, assert_exact, assert_same_state, run
-from lightning_midepoch import MidEpochResume
+from lightning_midepoch import MidEpochResume, _saving
 from lightning_midepoch import _state as S
 from lightning_midepoch._saving import gather
 
@@ -180,6 +181,28 @@ def test_gather_brings_every_ranks_state_to_rank_0_exactly(world_size, tmp_path)
         others = [state for index, state in enumerate(results[rank]["gathered"]) if index != rank]
         assert others == [None] * (world_size - 1)
         _assert_identical(results[rank]["gathered"][rank], results[rank]["sent"])
+
+
+def test_a_state_sent_point_to_point_arrives_bitwise(monkeypatch):
+    """The messages of one rank's state, passed through a queue in this process: the same state comes out."""
+    queue: list[torch.Tensor] = []
+
+    def send(tensor: torch.Tensor, dst: int) -> None:
+        assert dst == 0
+        queue.append(tensor.clone())
+
+    def recv(tensor: torch.Tensor, src: int) -> None:
+        assert src == 1
+        tensor.copy_(queue.pop(0))
+
+    monkeypatch.setattr(torch.distributed, "send", send)
+    monkeypatch.setattr(torch.distributed, "recv", recv)
+    sent = rank_state(1)
+    _saving._send(sent, torch.device("cpu"))
+    nonempty = [value for value in sent["grads"].values() if value.numel()]
+    assert len(queue) == 2 + 2 + len(nonempty)  # header size, header, torch's RNG state, a generator's, each gradient
+    _assert_identical(_saving._receive(1, torch.device("cpu")), sent)
+    assert queue == []
 
 
 def test_modelcheckpoints_last_written_when_max_steps_stopped_the_epoch_continues_it(tmp_path):

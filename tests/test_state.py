@@ -382,3 +382,22 @@ def test_global_order_is_none_where_the_order_cannot_be_rebuilt(index_sampler):
 )
 def test_describe_order_of_wrapped_and_custom_samplers(index_sampler, description, determined):
     assert S.describe_order(index_sampler) == (description, determined)
+
+
+@pytest.mark.parametrize("batch_size", [None, 3])
+def test_index_sampler_is_what_the_loader_draws_its_indices_from(batch_size):
+    generator = torch.Generator().manual_seed(6)
+    loader = DataLoader(range(7), batch_size=batch_size, sampler=RandomSampler(range(7), generator=generator))
+    drawn = [batch.tolist() if batch_size else batch for batch in loader]  # the items of range(7) are its indices
+    generator.manual_seed(6)
+    assert list(S.index_sampler(loader)) == drawn
+
+
+def test_every_loader_kind_has_every_fact():
+    """The facts of an iterable-style loader have the map-style keys (empty), as the checks and `inspect` read them."""
+    facts = S.loader_facts(DataLoader(range(3), batch_size=2))
+    for loader in ([1, 2], object()):
+        other = S.loader_facts(loader)
+        assert set(other) == set(facts)
+        assert other["kind"] == S.KIND_ITERABLE
+        assert [other[key] for key in ("dataset_length", "num_batches", "batch_size", "global_order")] == [None] * 4

@@ -401,3 +401,9 @@ def test_every_loader_kind_has_every_fact():
         assert set(other) == set(facts)
         assert other["kind"] == S.KIND_ITERABLE
         assert [other[key] for key in ("dataset_length", "num_batches", "batch_size", "global_order")] == [None] * 4
+
+
+def test_global_order_of_a_loader_without_batch_sampler_drops_no_batch():
+    """With ``batch_size=None`` the index sampler is the sampler itself: no batch sampler drops a last batch."""
+    loader = DataLoader(range(5), batch_size=None, sampler=SequentialSampler(range(5)))
+    assert S.global_order(S.index_sampler(loader)) == {"kind": "sequential", "batch_drop_last": False}

@@ -237,3 +237,11 @@ def test_a_fast_path_that_differs_from_torch_is_not_used(wrong_path, monkeypatch
     assert _sampling._fast_path(RandomSampler(range(3))) is None
     assert _sampling._fast_path(SequentialSampler(range(3))) is _sampling._sequential_from
     _assert_same_as_islice(lambda: RandomSampler(range(9), generator=torch.Generator().manual_seed(2)), 4)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("rank", [0, 1, 2])
+@pytest.mark.parametrize("n", [22, 23, 24], ids=["padding-2", "padding-1", "no-padding"])
+def test_distributed_sampler_padding_on_every_rank(n, rank, shuffle):
+    """The repeated samples that make the epoch divisible by the number of ranks land on the same ranks."""
+    _assert_same_as_islice(lambda: DistributedSampler(range(n), num_replicas=3, rank=rank, shuffle=shuffle, seed=1), 3)

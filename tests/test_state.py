@@ -50,7 +50,13 @@ def test_saved_structure(tmp_path):
             "drop_last": False,
             "order": "BatchSampler over RandomSampler (global torch RNG)",
             "seed_determined": False,
-            "global_order": {"kind": "random", "own_generator": False, "batch_drop_last": False},
+            "global_order": {"kind": "random", "own_generator": False, "batch_drop_last": False, "generator": None},
+            "settings": {
+                "BatchSampler.batch_size": 2,
+                "BatchSampler.drop_last": False,
+                "RandomSampler.num_samples": 20,
+                "RandomSampler.replacement": False,
+            },
         }
     ]
     (rank,) = state["ranks"]

@@ -210,7 +210,8 @@ def _is_link(name: str, value: Any) -> bool:
     return any(isinstance(item, Sampler) for item in _attributes(value).values())
 
 
-def _walk(roots: Mapping[str, Any], depth: int) -> tuple[dict[str, Any], list[str]]:
+def _walk(roots: Mapping[str, Any], depth: int | None) -> tuple[dict[str, Any], list[str]]:
+    depth = _DEPTH if depth is None else depth
     found: dict[str, Any] = {}
     beyond: list[str] = []
     seen: set[int] = set()
@@ -238,7 +239,7 @@ def _walk(roots: Mapping[str, Any], depth: int) -> tuple[dict[str, Any], list[st
     return found, beyond
 
 
-def find_rng_objects(roots: Mapping[str, Any], depth: int = _DEPTH) -> dict[str, Any]:
+def find_rng_objects(roots: Mapping[str, Any], depth: int | None = None) -> dict[str, Any]:
     """Find the random number generator objects kept along the sampler chains of data-loading objects.
 
     Walks the attributes of each root and of the samplers it wraps, at any depth up to ``depth``: a batch sampler's
@@ -248,7 +249,7 @@ def find_rng_objects(roots: Mapping[str, Any], depth: int = _DEPTH) -> dict[str,
 
     Args:
         roots: Named objects to search, e.g. ``{"loader": dataloader, "index_sampler": batch_sampler}``.
-        depth: How many links of a chain to follow.
+        depth: How many links of a chain to follow (default ``_DEPTH``).
 
     Returns:
         A mapping from a dotted path such as ``"index_sampler.sampler.generator"`` to the generator object.
@@ -264,7 +265,7 @@ def find_rng_objects(roots: Mapping[str, Any], depth: int = _DEPTH) -> dict[str,
     return _walk(roots, depth)[0]
 
 
-def out_of_reach(roots: Mapping[str, Any], depth: int = _DEPTH) -> list[str]:
+def out_of_reach(roots: Mapping[str, Any], depth: int | None = None) -> list[str]:
     """The paths where :func:`find_rng_objects` stops although the chain goes on: generators beyond are not found.
 
     Example:

@@ -305,12 +305,15 @@ def order_settings(sampler: Any) -> dict[str, Any]:
     return settings
 
 
+#: The facts compared, in this order (the sampler settings before the number of batches they change), and how the
+#: error names them ("settings" are named one by one).
 _FACT_NAMES = {
     "dataset_length": "a train dataset of {} samples",
     "batch_size": "batch_size={}",
     "drop_last": "drop_last={}",
-    "num_batches": "{} batches per epoch",
     "order": "an order from {}",
+    "settings": "",
+    "num_batches": "{} batches per epoch",
 }
 
 
@@ -363,14 +366,14 @@ def check_loaders(
             # a fact an earlier release did not save is not compared
             if key not in old or (not same_world_size and key in _PER_WORLD_SIZE):
                 continue
-            if old[key] != new.get(key):
+            if key == "settings":
+                _check_settings(old[key], new.get(key) or {}, where, fix)
+            elif old[key] != new.get(key):
                 raise MidEpochResumeError(
                     f"The checkpoint was saved with {where} having {template.format(old[key])} but the current"
                     f" one has {template.format(new.get(key))}. Resume with the same data and sampler settings,"
                     f" or {fix}."
                 )
-        if same_world_size:
-            _check_settings(old.get("settings") or {}, new.get("settings") or {}, where, fix)
 
 
 def _check_settings(old: Mapping[str, Any], new: Mapping[str, Any], where: str, fix: str) -> None:

@@ -100,9 +100,8 @@ def unsaved_buffer(dataset: object) -> str | None:
 
     Hugging Face's ``datasets.IterableDataset.shuffle(buffer_size=...)`` draws from a buffer of examples that its
     state does not hold: a restored dataset refills it, so examples of the interrupted epoch are lost and others are
-    seen twice. The buffer is an example iterable (``buffer_size``) along the dataset's chain of them
-    (``_ex_iterable``, then ``ex_iterable``/``ex_iterables``), in every release of ``datasets`` that has
-    ``state_dict()``.
+    seen twice. The buffer is an example iterable with a ``buffer_size`` along the dataset's chain of them
+    (``_ex_iterable``, then ``ex_iterable``/``ex_iterables``; read from ``datasets`` 5.2.0, duck-typed).
 
     Example:
         >>> unsaved_buffer(range(3)) is None

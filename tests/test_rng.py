@@ -147,10 +147,15 @@ def test_find_rng_objects_in_short_containers_and_under_any_name():
         def __init__(self) -> None:
             self.parts = [RandomSampler(range(3), generator=torch.Generator()), SequentialSampler(range(3))]
             self.coin = random.Random(1)
+            self.streams = {"noise": np.random.default_rng(2)}
 
     sampler = Alternating()
     found = _rng.find_rng_objects({"index_sampler": sampler})
-    assert found == {"index_sampler.coin": sampler.coin, "index_sampler.parts.0.generator": sampler.parts[0].generator}
+    assert found == {
+        "index_sampler.coin": sampler.coin,
+        "index_sampler.streams.noise": sampler.streams["noise"],
+        "index_sampler.parts.0.generator": sampler.parts[0].generator,
+    }
 
 
 def test_find_rng_objects_skips_live_iterators_and_data():

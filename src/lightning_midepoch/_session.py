@@ -41,6 +41,7 @@ class _Session:
         # flags shared with the loop and fetcher overrides
         self.hold_next_iter = False
         self.iterator_held = False
+        self.iterator_started = False  # the resumed epoch's iterator was just started: the next iter() keeps it
         self.finish_interrupted_batch = False
         self._live_pending = False
         self.warned: set[str] = set()

@@ -109,7 +109,8 @@ UNVERIFIED_ENV = "LIGHTNING_MIDEPOCH_UNVERIFIED"
 #: The stock methods whose fingerprints are checked: ``"module:Class.method"`` under the trainer package
 #: (``lightning.pytorch`` or ``pytorch_lightning``). Every method the overrides replace and call through ``super()``,
 #: every one whose body they copy or complete (``on_run_start``, ``__iter__``, ``CombinedLoader.__iter__``), and every
-#: one whose internals they rely on (the fetchers' profiler call sites, the restart stages, the batch counters).
+#: one whose internals they rely on (the fetchers' profiler call sites, the restart stages, the progress counters,
+#: when the loaded checkpoint is there).
 CHECKED_METHODS = (
     "loops.loop:_Loop.load_state_dict",
     "loops.loop:_Loop.restarting",
@@ -128,9 +129,14 @@ CHECKED_METHODS = (
     "loops.training_epoch_loop:_TrainingEpochLoop.advance",
     "loops.training_epoch_loop:_TrainingEpochLoop.on_advance_end",
     "loops.training_epoch_loop:_TrainingEpochLoop.update_restart_stage",
+    "loops.training_epoch_loop:_TrainingEpochLoop.reset_restart_stage",
     "loops.training_epoch_loop:_TrainingEpochLoop.restarted_on_train_batch_end",
     "loops.training_epoch_loop:_TrainingEpochLoop._should_accumulate",
     "loops.training_epoch_loop:_TrainingEpochLoop._num_ready_batches_reached",
+    "loops.progress:_ReadyCompletedTracker.reset",
+    "loops.progress:_StartedTracker.reset",
+    "loops.progress:_ProcessedTracker.reset",
+    "loops.progress:_Progress.increment_completed",
     "loops.fetchers:_DataFetcher.setup",
     "loops.fetchers:_DataFetcher.__iter__",
     "loops.fetchers:_DataFetcher.__next__",
@@ -142,6 +148,8 @@ CHECKED_METHODS = (
     "utilities.combined_loader:CombinedLoader.__iter__",
     "utilities.combined_loader:CombinedLoader.__next__",
     "utilities.combined_loader:_ModeIterator.__init__",
+    "trainer.connectors.checkpoint_connector:_CheckpointConnector.restore_loops",
+    "trainer.connectors.checkpoint_connector:_CheckpointConnector.resume_end",
 )
 
 #: The fingerprint of a method the release does not define (where that is one of the accepted versions).

@@ -67,6 +67,9 @@ FINGERPRINTS: dict[str, dict[str, str]] = {
     "loops.training_epoch_loop:_TrainingEpochLoop.update_restart_stage": {
         "cca9098637b787c7": "2.5.0 to 2.6.6",
     },
+    "loops.training_epoch_loop:_TrainingEpochLoop.reset_restart_stage": {
+        "04adce2b586971fb": "2.5.0 to 2.6.6",
+    },
     "loops.training_epoch_loop:_TrainingEpochLoop.restarted_on_train_batch_end": {
         "a30c6dac98f40f68": "2.5.0 to 2.6.6",
     },
@@ -75,6 +78,18 @@ FINGERPRINTS: dict[str, dict[str, str]] = {
     },
     "loops.training_epoch_loop:_TrainingEpochLoop._num_ready_batches_reached": {
         "912f38e26c9bbc46": "2.5.0 to 2.6.6",
+    },
+    "loops.progress:_ReadyCompletedTracker.reset": {
+        "11cc30507625f071": "2.5.0 to 2.6.6",
+    },
+    "loops.progress:_StartedTracker.reset": {
+        "70832b672f601e37": "2.5.0 to 2.6.6",
+    },
+    "loops.progress:_ProcessedTracker.reset": {
+        "7d8af89ecdc5603b": "2.5.0 to 2.6.6",
+    },
+    "loops.progress:_Progress.increment_completed": {
+        "4092374a7a3664cb": "2.5.0 to 2.6.6",
     },
     "loops.fetchers:_DataFetcher.setup": {
         "1e0a194e31289f5e": "2.5.0 to 2.6.6",
@@ -108,5 +123,11 @@ FINGERPRINTS: dict[str, dict[str, str]] = {
     },
     "utilities.combined_loader:_ModeIterator.__init__": {
         "5b00c240bb5e220d": "2.5.0 to 2.6.6",
+    },
+    "trainer.connectors.checkpoint_connector:_CheckpointConnector.restore_loops": {
+        "1466d5f3c762a733": "2.5.0 to 2.6.6",
+    },
+    "trainer.connectors.checkpoint_connector:_CheckpointConnector.resume_end": {
+        "17ac285868611099": "2.5.0 to 2.6.6",
     },
 }

@@ -140,8 +140,8 @@ class _ResumableTrainingEpochLoop(_EpochLoopBase):
             super().on_run_start(data_fetcher)
             return
         # the first epoch after a resume: its iterator is started here, where the epoch continues; then the stock
-        # method does the rest. Where it would create the epoch's iterator itself (2.5, resuming at an epoch's start
-        # or end), that iter() keeps the one just started.
+        # method does the rest. Where it would create the epoch's iterator again (before 2.5.3, which has no
+        # `is_resuming`, when the epoch loop is not restarting), that iter() keeps the one just started.
         session.start_resumed_epoch(self, data_fetcher)
         session.iterator_started = True
         try:

@@ -410,6 +410,11 @@ def move_batch_progress(progress: Any, ready: int) -> None:
             setattr(tracker, name, ready if value is None else getattr(tracker, name) + value)
 
 
+def workers_started(loader: Any) -> bool:
+    """Whether a ``DataLoader`` with persistent workers has started them (torch keeps them in ``_iterator``)."""
+    return getattr(loader, "_iterator", None) is not None
+
+
 def has_callback(trainer: Trainer, name: str) -> bool:
     """Whether one of the trainer's callbacks is (a subclass of) Lightning's public callback ``name``."""
     stock = getattr(importlib.import_module(f"{_pytorch_module(trainer)}.callbacks"), name)

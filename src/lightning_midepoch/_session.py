@@ -278,7 +278,7 @@ class _Session:
             if recorder is not None
             and loader.num_workers > 0
             and loader.persistent_workers
-            and getattr(loader, "_iterator", None) is None
+            and not _compat.workers_started(loader)
             and epoch > created_at
         ]
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
+import warnings
 from dataclasses import replace
 
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from harness import LOADERS, Config, CrashPoint, assert_exact, interrupt_and_resume, resume_repeatedly
+from harness import LOADERS, NAMESPACE, Config, CrashPoint, assert_exact, interrupt_and_resume, resume_repeatedly
 
 MID = CrashPoint("train_batch_end", epoch=1, batch=3)
 EARLY = CrashPoint("train_batch_end", epoch=0, batch=0)
@@ -236,3 +238,18 @@ def test_checkpoint_written_in_any_hook(crash, num_workers, tmp_path):
     """Lightning runs the interrupted batch (or epoch start) again: it starts from the states it started with."""
     config = Config(num_workers=num_workers, hook_draws=False)  # numpy/python are restored as of the checkpoint
     assert_exact(interrupt_and_resume(config, crash, tmp_path))
+
+
+@pytest.mark.parametrize("crash", [MID, EPOCH_END], ids=["mid", "epoch-end"])
+def test_stock_on_run_start_that_creates_the_iterator_again(crash, tmp_path, monkeypatch):
+    """The override runs the stock ``on_run_start`` after starting the resumed epoch's iterator. Before 2.5.3 (no
+    ``is_resuming``) the stock method creates the epoch's iterator again when the epoch loop is not restarting: the
+    resumed one must survive that. Emulated here by an ``is_resuming`` that is always false (an unchecked change,
+    hence the opt-out), on any supported release."""
+    loop_module = importlib.import_module(f"{NAMESPACE}.loops.loop")
+    monkeypatch.setattr(loop_module._Loop, "is_resuming", property(lambda self: False), raising=False)
+    monkeypatch.setenv("LIGHTNING_MIDEPOCH_UNVERIFIED", "1")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="lightning-midepoch has not been checked against")
+        comparison = interrupt_and_resume(Config(num_workers=2, persistent_workers=True), crash, tmp_path)
+    assert_exact(comparison)

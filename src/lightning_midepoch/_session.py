@@ -41,6 +41,7 @@ class _Session:
         # flags shared with the loop and fetcher overrides
         self.hold_next_iter = False
         self.iterator_held = False
+        self.iterator_started = False  # the resumed epoch's iterator was just started: the next iter() keeps it
         self.finish_interrupted_batch = False
         self._live_pending = False
         self.warned: set[str] = set()
@@ -312,7 +313,7 @@ class _Session:
             if recorder is not None
             and loader.num_workers > 0
             and loader.persistent_workers
-            and getattr(loader, "_iterator", None) is None
+            and not _compat.workers_started(loader)
             and epoch > created_at
         ]
 

@@ -368,3 +368,14 @@ def _load_tool() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_unsaved_buffer_of_a_hugging_face_iterable_dataset():
+    datasets = pytest.importorskip("datasets")
+    plain = datasets.Dataset.from_dict({"i": list(range(10))}).to_iterable_dataset(num_shards=2)
+    assert _compat.unsaved_buffer(plain) is None
+    assert _compat.unsaved_buffer(plain.shuffle(seed=1, buffer_size=4)) == "a shuffle buffer of 4 examples"
+    mapped = plain.shuffle(seed=1, buffer_size=3).map(lambda row: {"j": row["i"] + 1})
+    assert _compat.unsaved_buffer(mapped) == "a shuffle buffer of 3 examples"
+    interleaved = datasets.interleave_datasets([plain, plain.shuffle(seed=1, buffer_size=5)])
+    assert _compat.unsaved_buffer(interleaved) == "a shuffle buffer of 5 examples"

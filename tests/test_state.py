@@ -539,14 +539,3 @@ def test_global_order_names_the_samplers_generator_path():
     recorder = _IndexSamplerRecorder(loader.batch_sampler, objects, lambda: 0)
     assert S.global_order(recorder)["generator"] == "loader.sampler.generator"
     assert objects["loader.generator"] is loader_generator
-
-
-def test_unsaved_buffer_of_a_hugging_face_iterable_dataset():
-    datasets = pytest.importorskip("datasets")
-    plain = datasets.Dataset.from_dict({"i": list(range(10))}).to_iterable_dataset(num_shards=2)
-    assert S.unsaved_buffer(plain) is None
-    assert S.unsaved_buffer(plain.shuffle(seed=1, buffer_size=4)) == "a shuffle buffer of 4 examples"
-    mapped = plain.shuffle(seed=1, buffer_size=3).map(lambda row: {"j": row["i"] + 1})
-    assert S.unsaved_buffer(mapped) == "a shuffle buffer of 3 examples"
-    interleaved = datasets.interleave_datasets([plain, plain.shuffle(seed=1, buffer_size=5)])
-    assert S.unsaved_buffer(interleaved) == "a shuffle buffer of 5 examples"

@@ -85,6 +85,7 @@ OTHER_PRIVATE_NAMES = (
     "_iterator",  # the CombinedLoader's mode iterator, and a DataLoader's persistent-workers iterator
     "_idx",  # the CombinedLoader mode iterator's batch index
     "_reconstructor",  # copyreg's: how a stock loop object pickles
+    "_ex_iterable",  # Hugging Face datasets' IterableDataset: its chain of example iterables (unsaved_buffer)
 )
 
 #: Private attributes of the train data fetcher (created inside ``setup_data``, checked when it is taken over) and of
@@ -504,3 +505,31 @@ def stock_warning_suppressed() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=STOCK_NOT_RESUMABLE_WARNING)
         yield
+
+
+def unsaved_buffer(dataset: object) -> str | None:
+    """What an iterable dataset holds that its own ``state_dict()`` leaves out, if known: a shuffle buffer.
+
+    Hugging Face's ``datasets.IterableDataset.shuffle(buffer_size=...)`` draws from a buffer of examples that its
+    state does not hold: a restored dataset refills it, so examples of the interrupted epoch are lost and others are
+    seen twice. The buffer is an example iterable with a ``buffer_size`` along the dataset's chain of them
+    (``_ex_iterable``, then ``ex_iterable``/``ex_iterables``; read from ``datasets`` 5.2.0, duck-typed).
+
+    Example:
+        >>> unsaved_buffer(range(3)) is None
+        True
+
+    """
+    pending = [getattr(dataset, "_ex_iterable", None)]
+    for _ in range(64):  # a chain of example iterables (mapped, filtered, interleaved, ...), bounded
+        if not pending:
+            break
+        node = pending.pop()
+        size = getattr(node, "buffer_size", None)
+        if isinstance(size, int):
+            return f"a shuffle buffer of {size} examples"
+        pending.append(getattr(node, "ex_iterable", None))
+        children = getattr(node, "ex_iterables", None)
+        pending += list(children) if isinstance(children, (list, tuple)) else []
+        pending = [child for child in pending if child is not None]
+    return None

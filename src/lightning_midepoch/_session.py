@@ -430,7 +430,7 @@ class _Session:
             elif S.loader_kind(loader) == S.KIND_ITERABLE:
                 self._warn_iterable(index, loader)
                 continue
-            buffer = S.unsaved_buffer(getattr(loader, "dataset", None))
+            buffer = _compat.unsaved_buffer(getattr(loader, "dataset", None))
             if buffer is not None:
                 self._warn_buffer(index, loader, buffer)
 

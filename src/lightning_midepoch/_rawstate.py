@@ -67,8 +67,8 @@ def _numpy_gauss_offset() -> int | None:
         offsets = set()
         for has_gauss, gauss in ((1, _PROBE_GAUSS), (0, -_PROBE_GAUSS / 3)):
             probe = np.random.RandomState(0)
-            name, keys, pos, _, _ = probe.get_state(legacy=True)
-            probe.set_state((name, keys, pos, has_gauss, gauss))
+            state: Any = probe.get_state(legacy=True)
+            probe.set_state((*state[:3], has_gauss, gauss))
             raw = ctypes.string_at(id(probe), type(probe).__basicsize__)
             at = _unique(raw, struct.pack("=d", gauss))
             if at < 8 or struct.unpack_from("=i", raw, at - 8)[0] != has_gauss:
@@ -135,8 +135,9 @@ class BatchStartStates:
         else:  # pragma: no cover - another interpreter
             self._slow["python"] = _rng._python_state()
         if self._follow_numpy():
-            self._numpy[:] = self._numpy_source  # type: ignore[index]
-            self._numpy_gauss[:] = self._gauss_source  # type: ignore[index]
+            assert self._numpy_source is not None and self._gauss_source is not None
+            self._numpy[:] = self._numpy_source
+            self._numpy_gauss[:] = self._gauss_source
         else:
             self._slow["numpy"] = _rng._numpy_global_state()
 
@@ -146,7 +147,11 @@ class BatchStartStates:
         if "python" not in result:
             words = np.frombuffer(self._python, dtype=np.uint32)
             internal = (*words[1:].tolist(), int(np.frombuffer(self._python, dtype=np.int32)[0]))
-            result["python"] = {"version": random.Random.VERSION, "state": _rng._pack_words(internal), "gauss_next": self._gauss_next}
+            result["python"] = {
+                "version": random.Random.VERSION,
+                "state": _rng._pack_words(internal),
+                "gauss_next": self._gauss_next,
+            }
         if "numpy" not in result:
             has_gauss, gauss = struct.unpack_from("=i4xd", self._numpy_gauss)
             result["numpy"] = {

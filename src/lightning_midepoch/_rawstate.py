@@ -104,26 +104,24 @@ class BatchStartStates:
         if self._python_offset is not None:
             self._python_source = _memory(random._inst, self._python_offset, _MT_BYTES)
         self._bit_generator: Any = None  # numpy's global bit generator the views below read (kept alive here)
-        self._numpy_source: memoryview | None = None
-        self._gauss_source: memoryview | None = None
+        self._numpy_sources: tuple[memoryview, memoryview] | None = None  # its words, and the gaussian cache
         self._slow: dict[str, Any] = {}  # states read the documented way where the fast way does not apply
         self.fast = self._python_source is not None and self._gauss_offset is not None
         self.taken = False
 
-    def _follow_numpy(self) -> bool:
-        """Point the numpy views at the current global bit generator; False where it is not a Mersenne Twister."""
+    def _follow_numpy(self) -> tuple[memoryview, memoryview] | None:
+        """The views of the current global bit generator's bytes; None where it is not a Mersenne Twister."""
         rand = np.random.mtrand._rand
         bit_generator = rand._bit_generator
         if bit_generator is self._bit_generator:
-            return self._numpy_source is not None
+            return self._numpy_sources
         self._bit_generator = bit_generator
-        self._numpy_source = self._gauss_source = None
-        if self._gauss_offset is None or not isinstance(bit_generator, np.random.MT19937):
-            return False
-        address = bit_generator.ctypes.state_address
-        self._numpy_source = memoryview((ctypes.c_char * _MT_BYTES).from_address(address)).cast("B")
-        self._gauss_source = _memory(rand, self._gauss_offset, _GAUSS_BYTES)
-        return True
+        self._numpy_sources = None
+        if self._gauss_offset is not None and isinstance(bit_generator, np.random.MT19937):
+            address = bit_generator.ctypes.state_address
+            words = memoryview((ctypes.c_char * _MT_BYTES).from_address(address)).cast("B")
+            self._numpy_sources = (words, _memory(rand, self._gauss_offset, _GAUSS_BYTES))
+        return self._numpy_sources
 
     def take(self) -> None:
         """Copy the states as they are now (called at every batch start)."""
@@ -134,10 +132,9 @@ class BatchStartStates:
             self._gauss_next = random._inst.gauss_next  # type: ignore[attr-defined]
         else:  # pragma: no cover - another interpreter
             self._slow["python"] = _rng._python_state()
-        if self._follow_numpy():
-            assert self._numpy_source is not None and self._gauss_source is not None
-            self._numpy[:] = self._numpy_source
-            self._numpy_gauss[:] = self._gauss_source
+        sources = self._follow_numpy()
+        if sources is not None:
+            self._numpy[:], self._numpy_gauss[:] = sources
         else:
             self._slow["numpy"] = _rng._numpy_global_state()
 

@@ -236,7 +236,7 @@ class _Session:
         if _compat.has_callback(trainer, "StochasticWeightAveraging"):
             self._warn_swa()
         pulled = self.loaded is not None and _compat.steps_pull_batches(fetcher)
-        if pulled:
+        if pulled and self.loaded is not None:
             # training_step(dataloader_iter): a step pulls as many batches as it likes; the fetcher counted them
             consumed = self.loaded[S.KEY_FETCHED]
             if self.restored_in_batch:

@@ -20,7 +20,16 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, Sampler
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 
 from lightning_midepoch import MidEpochResume
 
@@ -42,6 +51,10 @@ LOADERS = (
     "batch_sampler_python",  # ... from python's random at the first next()
     "batch_sampler_torch",  # ... from the global torch RNG at the first next()
     "subclass",  # a DataLoader subclass with its own __init__ argument
+    "weighted_generator",  # WeightedRandomSampler(generator=...) (wrapped in DistributedSamplerWrapper under DDP)
+    "subset_generator",  # SubsetRandomSampler(generator=...) (likewise)
+    "both_generators",  # DataLoader(generator=...) over RandomSampler(generator=...): two generators
+    "replacement",  # RandomSampler(replacement=True)
 )
 
 
@@ -170,6 +183,20 @@ class Config:
             return DataLoader(dataset, batch_sampler=batch_sampler, **common)
         if self.loader == "subclass":
             return LoaderWithArgs(dataset, tag="mine", shuffle=True, **batching, **common)
+        if self.loader == "weighted_generator":
+            weights = [1.0 + i % 3 for i in range(len(dataset))]
+            generator = torch.Generator().manual_seed(13)
+            sampler = WeightedRandomSampler(weights, len(dataset), generator=generator)
+            return DataLoader(dataset, sampler=sampler, **batching, **common)
+        if self.loader == "subset_generator":
+            sampler = SubsetRandomSampler(range(len(dataset)), generator=torch.Generator().manual_seed(17))
+            return DataLoader(dataset, sampler=sampler, **batching, **common)
+        if self.loader == "both_generators":
+            sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(7))
+            generator = torch.Generator().manual_seed(11)
+            return DataLoader(dataset, sampler=sampler, generator=generator, **batching, **common)
+        if self.loader == "replacement":
+            return DataLoader(dataset, sampler=RandomSampler(dataset, replacement=True), **batching, **common)
         raise ValueError(self.loader)
 
     def trainer_kwargs(self) -> dict[str, Any]:

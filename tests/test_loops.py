@@ -41,6 +41,10 @@ CRASH_POINTS = [MID, EARLY, LAST_BATCH, EPOCH_END]
         "batch_sampler_python",
         "batch_sampler_torch",
         "subclass",
+        "weighted_generator",
+        "subset_generator",
+        "both_generators",
+        "replacement",
     ],
 )
 def test_samplers(loader, crash, tmp_path):

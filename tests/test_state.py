@@ -6,7 +6,15 @@ import io
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    RandomSampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 
 from harness import Config, CrashPoint, checkpoint_path, run
 from lightning_midepoch import MidEpochResumeError
@@ -50,7 +58,13 @@ def test_saved_structure(tmp_path):
             "drop_last": False,
             "order": "BatchSampler over RandomSampler (global torch RNG)",
             "seed_determined": False,
-            "global_order": {"kind": "random", "own_generator": False, "batch_drop_last": False},
+            "global_order": {"kind": "random", "own_generator": False, "batch_drop_last": False, "generator": None},
+            "settings": {
+                "BatchSampler.batch_size": 2,
+                "BatchSampler.drop_last": False,
+                "RandomSampler.num_samples": 20,
+                "RandomSampler.replacement": False,
+            },
         }
     ]
     (rank,) = state["ranks"]
@@ -160,8 +174,10 @@ def test_check_elastic_needs_the_record_of_a_random_order():
 def test_facts_that_depend_on_the_world_size_are_compared_only_on_the_same_world_size():
     saved, current = [_distributed_facts()], [_facts(num_batches=20)]
     S.check_loaders(saved, current, FIX, same_world_size=False)
-    with pytest.raises(MidEpochResumeError, match="5 batches per epoch"):
+    with pytest.raises(MidEpochResumeError, match=r"DistributedSampler \(seed 3"):
         S.check_loaders(saved, current, FIX)
+    with pytest.raises(MidEpochResumeError, match="5 batches per epoch"):
+        S.check_loaders(saved, [{**current[0], "order": saved[0]["order"], "settings": {}}], FIX)
 
 
 @pytest.mark.parametrize(
@@ -232,3 +248,132 @@ def test_loader_kinds():
 
     assert S.loader_kind(DataLoader(Numbers())) == S.KIND_ITERABLE
     assert S.loader_kind([1, 2]) == S.KIND_ITERABLE
+
+
+def _wrapped(sampler):
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+
+    return BatchSampler(DistributedSamplerWrapper(sampler, num_replicas=2, rank=0), 2, False)
+
+
+@pytest.mark.parametrize(
+    ("sampler", "description"),
+    [
+        (
+            _wrapped(WeightedRandomSampler([1.0, 2.0], 2, generator=torch.Generator())),
+            "BatchSampler over DistributedSamplerWrapper over WeightedRandomSampler (custom)",
+        ),
+        (
+            _wrapped(SubsetRandomSampler([0, 1], generator=torch.Generator())),
+            "BatchSampler over DistributedSamplerWrapper over SubsetRandomSampler (custom)",
+        ),
+        (
+            _wrapped(RandomSampler(range(2), generator=torch.Generator())),
+            "BatchSampler over DistributedSamplerWrapper over RandomSampler (own generator)",
+        ),
+    ],
+)
+def test_a_wrapped_order_is_not_called_seed_determined(sampler, description):
+    """Lightning's DistributedSamplerWrapper is a DistributedSampler whose order comes from the sampler it wraps."""
+    assert S.describe_order(sampler) == (description, False)
+    assert S.global_order(sampler) is None
+
+
+def _loader_facts(**sampler_kwargs):
+    kind = sampler_kwargs.pop("kind", "random")
+    if kind == "random":
+        sampler = RandomSampler(range(20), **sampler_kwargs)
+    elif kind == "weighted":
+        sampler = WeightedRandomSampler([1.0] * 20, **{"num_samples": 20, **sampler_kwargs})
+    else:
+        sampler = DistributedSampler(range(40), num_replicas=2, rank=0, **sampler_kwargs)
+    return S.loader_facts(DataLoader(range(40), batch_size=2, sampler=sampler))
+
+
+@pytest.mark.parametrize(
+    ("saved", "current", "message"),
+    [
+        ({}, {"replacement": True}, r"RandomSampler\(replacement=False\) but the current one has RandomSampler\(rep"),
+        (
+            {"replacement": True},
+            {"replacement": True, "num_samples": 30},
+            r"RandomSampler\(num_samples=20\) but the current one has RandomSampler\(num_samples=30\)",
+        ),
+        (
+            {"kind": "weighted"},
+            {"kind": "weighted", "replacement": False},
+            r"WeightedRandomSampler\(replacement=True\) but the current one has WeightedRandomSampler\(replacement=F",
+        ),
+        (
+            {"kind": "weighted", "num_samples": 10},
+            {"kind": "weighted", "num_samples": 8},
+            r"WeightedRandomSampler\(num_samples=10\) but the current one has WeightedRandomSampler\(num_samples=8\)",
+        ),
+        (
+            {"kind": "distributed"},
+            {"kind": "distributed", "drop_last": True},
+            r"DistributedSampler\(drop_last=False\) but the current one has DistributedSampler\(drop_last=True\)",
+        ),
+    ],
+    ids=["random-replacement", "random-num-samples", "weighted-replacement", "weighted-num-samples", "drop-last"],
+)
+def test_a_changed_sampler_setting_is_named(saved, current, message):
+    with pytest.raises(MidEpochResumeError, match=message + ".*pass the opt-out"):
+        S.check_loaders([_loader_facts(**saved)], [_loader_facts(**current)], FIX)
+
+
+@pytest.mark.parametrize(("current", "setting"), [({"shuffle": False}, "fixed order"), ({"seed": 4}, "seed 4")])
+def test_distributed_shuffle_and_seed_are_compared(current, setting):
+    with pytest.raises(MidEpochResumeError, match=f"DistributedSampler \\({setting}"):
+        S.check_loaders([_loader_facts(kind="distributed")], [_loader_facts(kind="distributed", **current)], FIX)
+
+
+def test_a_changed_batch_sampler_setting_is_named():
+    def facts(batch_size: int) -> dict:
+        return S.loader_facts(DataLoader(range(8), batch_sampler=BatchSampler(range(8), batch_size, False)))
+
+    # 8 samples in batches of 3 or 4 are 3 or 2 batches: the batch size is named first
+    with pytest.raises(MidEpochResumeError, match=r"BatchSampler\(batch_size=3\) but the current one has Batch"):
+        S.check_loaders([facts(3)], [{**facts(4), "num_batches": 3}], FIX)
+
+
+def test_facts_a_checkpoint_did_not_save_are_not_compared():
+    """An older release saved fewer facts: what it did not save is not compared (tests/legacy resume with them)."""
+    old = {key: value for key, value in _loader_facts().items() if key not in ("settings", "drop_last")}
+    S.check_loaders([old], [_loader_facts(replacement=True)], FIX)
+    assert "settings" in _loader_facts()
+
+
+def test_settings_depend_on_the_world_size():
+    S.check_loaders([_loader_facts()], [_loader_facts(replacement=True)], FIX, same_world_size=False)
+
+
+def test_check_mode():
+    S.check_mode("max_size_cycle", "max_size_cycle", FIX)
+    S.check_mode(None, "min_size", FIX)  # a state without a mode
+    with pytest.raises(MidEpochResumeError, match="mode 'max_size_cycle' but the current run combines them in mode"):
+        S.check_mode("max_size_cycle", "max_size", FIX)
+
+
+def test_global_order_names_the_samplers_generator_path():
+    from lightning_midepoch._order import _IndexSamplerRecorder
+    from lightning_midepoch._rng import find_rng_objects
+
+    sampler_generator, loader_generator = torch.Generator(), torch.Generator()
+    sampler = RandomSampler(range(8), generator=sampler_generator)
+    loader = DataLoader(range(8), batch_size=2, sampler=sampler, generator=loader_generator)
+    objects = find_rng_objects({"loader": loader, "index_sampler": loader.batch_sampler})
+    recorder = _IndexSamplerRecorder(loader.batch_sampler, objects, lambda: 0)
+    assert S.global_order(recorder)["generator"] == "loader.sampler.generator"
+    assert objects["loader.generator"] is loader_generator
+
+
+def test_unsaved_buffer_of_a_hugging_face_iterable_dataset():
+    datasets = pytest.importorskip("datasets")
+    plain = datasets.Dataset.from_dict({"i": list(range(10))}).to_iterable_dataset(num_shards=2)
+    assert S.unsaved_buffer(plain) is None
+    assert S.unsaved_buffer(plain.shuffle(seed=1, buffer_size=4)) == "a shuffle buffer of 4 examples"
+    mapped = plain.shuffle(seed=1, buffer_size=3).map(lambda row: {"j": row["i"] + 1})
+    assert S.unsaved_buffer(mapped) == "a shuffle buffer of 3 examples"
+    interleaved = datasets.interleave_datasets([plain, plain.shuffle(seed=1, buffer_size=5)])
+    assert S.unsaved_buffer(interleaved) == "a shuffle buffer of 5 examples"

@@ -145,6 +145,7 @@ class Config:
     check_val_every_n_epoch: int | None = 1
     reload_every_n: int = 0
     manual: bool = False
+    step_every: int = 1  # manual optimization: backward at every batch, an optimizer step every this many
     combined: str | None = None  # a CombinedLoader of a long and a short loader, in this mode
     iterable: str | None = None  # "stateful" / "plain": train on an IterableDataset instead
     hook_draws: bool = True  # the model's hooks draw from torch, numpy and python RNGs
@@ -257,7 +258,7 @@ class Model(L.LightningModule):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self.config.hook_draws:
-            torch.rand(2)
+            torch.rand(2), np.random.rand(2), random.random()
 
     def _loss(self, batch: Any, batch_idx: int) -> torch.Tensor:
         parts = batch.values() if isinstance(batch, dict) else [batch]
@@ -280,9 +281,14 @@ class Model(L.LightningModule):
         if not self.config.manual:
             return loss
         optimizer = self.optimizers()
-        optimizer.zero_grad()
-        self.manual_backward(loss)
-        optimizer.step()
+        every = self.config.step_every
+        if every == 1:
+            optimizer.zero_grad()
+        self.manual_backward(loss / every)
+        if (batch_idx + 1) % every == 0:  # the batch_idx restarts each epoch: a group may span two epochs
+            optimizer.step()
+            if every > 1:
+                optimizer.zero_grad()
         return None
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lightning_midepoch import _compat, _rng
+from lightning_midepoch import _compat, _rawstate, _rng
 from lightning_midepoch import _state as S
 from lightning_midepoch.__about__ import __version__
 
@@ -52,6 +52,7 @@ class Saver:
         self.dataset_history: dict[int, deque[Any]] = {}
         self.epoch_start: dict[str, Any] | None = None  # before on_train_epoch_start
         self.batch_start: dict[str, Any] | None = None  # torch's generators after the batch was fetched
+        self.batch_start_rest = _rawstate.BatchStartStates()  # ... and numpy's and Python's, read cheaply
         self.backward_done = False  # the current batch's backward has run
         self.stopped: Snapshot | None = None  # the training loop stopped before the epoch's end: the state then
 
@@ -67,8 +68,13 @@ class Saver:
         self.stopped = None
 
     def batch_started(self) -> None:
-        """Called right after every fetch: the batch starts (reading torch's states costs about a microsecond)."""
+        """Called right after every fetch: the batch starts.
+
+        Reading torch's states costs about a microsecond; numpy's and Python's are copied as raw bytes (a fraction of
+        that) and decoded only when a checkpoint written inside the batch needs them.
+        """
         self.batch_start = _rng.capture_torch()
+        self.batch_start_rest.take()
         self.backward_done = False
 
     def before_fetch(self) -> None:
@@ -103,15 +109,16 @@ class Saver:
             recorder.record.state_dict() if recorder is not None and recorder.record is not None else None
             for recorder in self.session.recorders
         ]
+        grads = self._partial_grads()
         rank_state = {
-            S.KEY_RNG: self._live_states(),
+            S.KEY_RNG: self._live_states(grads_pending=grads is not None),
             S.KEY_PASSES: passes,
             S.KEY_GENERATORS: [
                 _rng.capture_objects(recorder.rng_objects) if recorder is not None else None
                 for recorder in self.session.recorders
             ],
             S.KEY_DATASET_STATES: [self._dataset_state(index) for index in range(len(self.session.loaders))],
-            S.KEY_GRADS: self._partial_grads(),
+            S.KEY_GRADS: grads,
         }
         fetcher = self.session.fetcher
         fetched = 0
@@ -146,7 +153,7 @@ class Saver:
             return history[-pending]
         return self.session.loaders[index].dataset.state_dict()
 
-    def _live_states(self) -> dict[str, Any]:
+    def _live_states(self, grads_pending: bool) -> dict[str, Any]:
         """The states the resumed run continues from: now, unless Lightning will re-run what is in progress."""
         live = _rng.capture_global(include_cuda=True)
         fit_loop = self.session.trainer.fit_loop
@@ -157,25 +164,57 @@ class Saver:
             return self.epoch_start
         if batch.processed < batch.ready and self.batch_start is not None:  # type: ignore[attr-defined]
             # written inside a batch (on_train_batch_start, training_step, backward, optimizer step): a resumed run
-            # runs the batch again, from the torch states it started with
-            if self.backward_done and self.session.trainer.fit_loop.epoch_loop._should_accumulate():
-                _compat.warn(
-                    "A checkpoint was written after the backward pass of a batch inside a gradient accumulation"
-                    " group. Resuming it runs that batch again and adds its gradients a second time: the resumed run"
-                    " will differ slightly. Write checkpoints in on_train_batch_end (as ModelCheckpoint does).",
-                    self.session.trainer,
-                    self.session.warned,
-                )
-            return {**live, **self.batch_start}
+            # runs the batch again, from the states it started with
+            if self.backward_done and grads_pending:
+                self._warn_backward_rerun()
+            return {**live, **self.batch_start_rest.states(), **self.batch_start}
         return live
 
+    def _warn_backward_rerun(self) -> None:
+        if self.session.trainer.lightning_module.automatic_optimization:
+            message = (
+                "A checkpoint was written after the backward pass of a batch inside a gradient accumulation group."
+                " Resuming it runs that batch again and adds its gradients a second time: the resumed run will differ"
+                " slightly."
+            )
+        else:
+            message = (
+                "A checkpoint was written after a backward pass of a batch (manual optimization), with gradients not"
+                " yet used by an optimizer step. Resuming it runs that batch again: unless its training_step zeroes"
+                " the gradients before its backward pass, that batch's gradients are added a second time and the"
+                " resumed run will differ slightly."
+            )
+        _compat.warn(
+            f"{message} Write checkpoints in on_train_batch_end (as ModelCheckpoint does).",
+            self.session.trainer,
+            self.session.warned,
+        )
+
     def _partial_grads(self) -> dict[str, torch.Tensor] | None:
-        """Gradients accumulated so far in an unfinished accumulation group (not in Lightning's checkpoint)."""
+        """Gradients accumulated so far and not yet stepped with (Lightning's checkpoint does not hold them).
+
+        Under automatic optimization: inside an unfinished accumulation group. Under manual optimization the step
+        decides when it steps: whenever a gradient is not all zero bits (no pending gradients, the usual case at a
+        step's end, keeps the checkpoint small; all-zero gradients come back as ``None``, as they start in any fit).
+        """
         module = self.session.trainer.lightning_module
-        if not module.automatic_optimization or not self.session.trainer.fit_loop.epoch_loop._should_accumulate():
+        if module.automatic_optimization and not self.session.trainer.fit_loop.epoch_loop._should_accumulate():
             return None
-        grads = {name: p.grad.detach().cpu().clone() for name, p in module.named_parameters() if p.grad is not None}
-        return grads or None
+        pending = {name: p.grad for name, p in module.named_parameters() if p.grad is not None}
+        if not module.automatic_optimization and not any(map(_nonzero_bits, pending.values())):
+            return None
+        return {name: grad.detach().cpu().clone() for name, grad in pending.items()} or None
+
+
+def _nonzero_bits(tensor: torch.Tensor) -> bool:
+    """Whether any element of ``tensor`` has a bit set (``-0.0`` counts: it is not the zero a fresh fit starts from).
+
+    Example:
+        >>> _nonzero_bits(torch.zeros(3)), _nonzero_bits(torch.tensor([0.0, -0.0])), _nonzero_bits(torch.ones(()))
+        (False, True, True)
+
+    """
+    return bool(tensor.detach().reshape(-1).view(torch.uint8).any())
 
 
 def _saves_dataset_state(loader: Any) -> bool:

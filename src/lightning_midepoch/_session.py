@@ -52,6 +52,7 @@ class _Session:
         self.resuming = False  # this fit resumes from a checkpoint (the loops were restored before it trained)
         self.trained = False  # the fit loop has set up its data: restores from now on are a tuner's, not a resume
         self.entry_found = False  # the checkpoint resumed has a MidEpochResume entry (possibly an empty one)
+        self.restored_in_batch = False  # the checkpoint resumed was written inside a batch (Lightning re-runs it)
         self.out_of_reach: dict[int, list[str]] = {}  # per loader: where the search for its generators stopped
 
     # ------------------------------------------------------------------ installing
@@ -149,6 +150,8 @@ class _Session:
             self.resuming = True
             self.reopen_stopped_epoch()
             fit_loop = self.trainer.fit_loop
+            batch = fit_loop.epoch_loop.batch_progress.current  # as saved: each stage counted (a _BatchProgress)
+            self.restored_in_batch = batch.processed < batch.ready  # type: ignore[attr-defined]
             if _compat.epoch_finished(fit_loop.epoch_progress):
                 # written once an epoch had ended (after fit, say): with max_steps set, stock Lightning keeps
                 # "restarting" into that epoch's finished batch progress and trains one stray batch before the next
@@ -268,9 +271,12 @@ class _Session:
             return
         if _compat.has_callback(trainer, "StochasticWeightAveraging"):
             self._warn_swa()
-        if self.loaded is not None and _compat.steps_pull_batches(fetcher):
+        pulled = self.loaded is not None and _compat.steps_pull_batches(fetcher)
+        if pulled and self.loaded is not None:
             # training_step(dataloader_iter): a step pulls as many batches as it likes; the fetcher counted them
             consumed = self.loaded[S.KEY_FETCHED]
+            if self.restored_in_batch:
+                self._warn_step_rerun()
         plan = self._check_checkpoint() if self.loaded is not None else "exact"
         if plan == "restart":
             iter(fetcher)  # on_mismatch="restart_epoch": continue as stock Lightning does
@@ -298,6 +304,10 @@ class _Session:
         # its first next() sets them itself, but one that is never advanced again must still end where it was
         self._restore_loader_generators(rank_state)
         _compat.set_batch_index(self.combined_loader, consumed)  # type: ignore[arg-type]
+        if pulled:
+            # the epoch loop adds the steps it restored to the fetcher's count; the steps pulled `consumed` batches,
+            # and the fetcher tells the epoch's end from that count (one step too many otherwise)
+            fetcher.fetched += consumed - epoch_loop.batch_progress.current.ready
 
     def _rewound_loaders(self, epoch: int) -> list[int]:
         """Loaders whose first iterator here is a new one where the uninterrupted run reused its persistent workers.
@@ -462,6 +472,17 @@ class _Session:
             " (its learning-rate schedule lags one epoch behind the uninterrupted run's; stock Lightning does the"
             " same): the resumed run will differ. Resume from a checkpoint written at an epoch's end, or use"
             " WeightAveraging, which resumes exactly.",
+            self.trainer,
+            self.warned,
+        )
+
+    def _warn_step_rerun(self) -> None:
+        _compat.warn(
+            "The checkpoint was written inside a training_step that pulls its own batches (training_step(self,"
+            " dataloader_iter)): Lightning runs that step again, but the batches it had pulled before the checkpoint"
+            " are not pulled again (the step continues with the batches after them) and its random states are those"
+            " after its latest pull, not those it started with: the resumed run will differ. Write checkpoints in"
+            " on_train_batch_end or on_train_epoch_end (as ModelCheckpoint does), which resume exactly.",
             self.trainer,
             self.warned,
         )

@@ -85,6 +85,8 @@ OTHER_PRIVATE_NAMES = (
     "_iterator",  # the CombinedLoader's mode iterator, and a DataLoader's persistent-workers iterator
     "_idx",  # the CombinedLoader mode iterator's batch index
     "_reconstructor",  # copyreg's: how a stock loop object pickles
+    "_inst",  # Python's `random` module: its global generator instance (raw state snapshots, _rawstate)
+    "_rand",  # numpy's `np.random.mtrand`: its global RandomState (raw state snapshots, _rawstate)
     "_ex_iterable",  # Hugging Face datasets' IterableDataset: its chain of example iterables (unsaved_buffer)
 )
 

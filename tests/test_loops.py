@@ -218,16 +218,16 @@ def _configs(draw: st.DrawFn) -> Config:
         manual=manual,
         # Lightning refuses accumulate_grad_batches with manual optimization
         accumulate_grad_batches=1 if manual else draw(st.sampled_from([1, 1, 2, 3])),
-        # Lightning needs a length for a fraction of the batches, or of an epoch between validations
-        limit_train_batches=draw(
-            st.sampled_from([None, None, None, 1, 3, 5, *([0.5] if loader != "iterable" else [])])
-        ),
+        limit_train_batches=draw(st.sampled_from([None, None, None, 1, 3, 5, 0.5])),
         validation=draw(st.booleans()),
         reload_every_n=draw(st.sampled_from([0, 0, 1, 2])),
         combined=None
         if loader == "iterable"
         else draw(st.sampled_from([None, None, "max_size_cycle", "max_size", "min_size"])),
     )
+    if config.iterable is not None or (config.combined is not None and config.limit_train_batches == 0.5):
+        # Lightning needs a length for a fraction of the batches, and each combined loader needs a batch of it
+        config = replace(config, limit_train_batches=None)
     if draw(st.integers(0, 3)) == 0:
         config = replace(config, max_steps=draw(st.integers(1, 20)))
     if config.validation:
@@ -247,6 +247,13 @@ def _positions(config: Config, full: RunResult) -> list[list[CrashPoint]]:
     skipped = steps if config.accumulate_grad_batches > 1 else set()
     # KNOWN-BUG-AFTER-VALIDATION: a checkpoint written inside the batch right after a mid-epoch validation restores
     # torch's states of before that validation (reported with issue 11); lift this once it is exact.
+    # KNOWN-BUG-CYCLE-IN-BATCH: ... and inside a batch in which a max_size_cycle loader starts over (reported with
+    # issue 11); lift this once it is exact.
+    if config.combined == "max_size_cycle":
+        alone = replace(config, combined=None, limit_train_batches=None)
+        for loader_batches in (alone.batches_per_epoch, replace(alone, dataset_size=6).batches_per_epoch):
+            starts = range(loader_batches, config.batches_per_epoch, max(loader_batches, 1))
+            skipped = skipped | {(point.epoch, batch) for point, _ in full.model.moments for batch in starts}
     # KNOWN-BUG-FIRST-BATCH-WITH-VALIDATION: ... and, with validation, inside an epoch's first batch (reported with
     # issue 11); lift this once it is exact.
     previous: CrashPoint | None = None

@@ -283,6 +283,10 @@ def _positions(config: Config, full: RunResult) -> list[list[CrashPoint]]:
             continue  # inside an accumulation group: the batch's gradients are added again, with a warning
         if point.hook in IN_BATCH and (point.epoch, point.batch) in skipped:
             continue
+        # KNOWN-BUG-ITERABLE-IN-BATCH: a stateful IterableDataset's position saved inside a batch is past that batch,
+        # so its samples are lost (and an epoch 0 start was seen inexact too; reported with issue 11); lift once exact.
+        if config.iterable is not None and (point.hook in IN_BATCH or point.hook == "train_epoch_start"):
+            continue
         here = [point]
         if point.hook == "train_batch_start":  # training_step raises in this batch: OnExceptionCheckpoint
             here.append(CrashPoint("exception", point.epoch, point.batch))

@@ -43,7 +43,7 @@ SUITE_PYTEST = cd $(LIGHTNING)/tests/tests_pytorch && MIDEPOCH_SUITE_ATTACH=$(1)
 	--junitxml=$(SUITE_RESULTS)/$(2).xml > $(SUITE_RESULTS)/$(2).log 2>&1; \
 	tail -n 1 $(SUITE_RESULTS)/$(2).log; test -s $(SUITE_RESULTS)/$(2).xml
 
-.PHONY: venv demo test lint compat lightning-suite docs bench bench-gather mutation dist dist-check pythons clean
+.PHONY: venv demo test fuzz lint compat lightning-suite docs bench bench-gather mutation dist dist-check pythons clean
 
 $(STAMP): requirements/*.txt pyproject.toml src/lightning_midepoch/__about__.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,17 @@ demo: venv  ## the main job: train, SIGKILL mid-epoch, resume with and without t
 
 test: venv  ## every test, with branch coverage of src/ (at least 90%, enforced)
 	$(BIN)/python -m pytest src/lightning_midepoch tests --cov --cov-report=term-missing -p no:cacheprovider
+
+# `make fuzz FUZZ_SEED=123` repeats a run; `FUZZ_EXAMPLES=200` runs fewer examples
+ifndef FUZZ_SEED
+FUZZ_SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
+FUZZ_EXAMPLES ?= 1000
+
+fuzz: venv  ## every property test (hypothesis) with FUZZ_EXAMPLES random examples each (1000), seed printed
+	@echo "fuzz seed: $(FUZZ_SEED) (make fuzz FUZZ_SEED=$(FUZZ_SEED) runs the same examples again)"
+	HYPOTHESIS_PROFILE=fuzz MIDEPOCH_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest tests -m hypothesis \
+		--hypothesis-seed=$(FUZZ_SEED) --hypothesis-show-statistics -p no:cacheprovider
 
 $(COMPAT_STAMP): requirements/compat.txt requirements/torch-ci.txt pyproject.toml src/lightning_midepoch/__about__.py
 	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)

@@ -9,6 +9,15 @@ from hypothesis import settings
 
 # derandomized: the same examples on every run; no example database written into the repository
 settings.register_profile("ci", max_examples=30, deadline=None, derandomize=True, database=None, print_blob=True)
+# `make fuzz`: many random examples (the seed is printed; `make fuzz FUZZ_SEED=...` runs the same ones again)
+settings.register_profile(
+    "fuzz",
+    max_examples=int(os.getenv("MIDEPOCH_FUZZ_EXAMPLES", "1000")),
+    deadline=None,
+    derandomize=False,
+    database=None,
+    print_blob=True,
+)
 settings.load_profile(os.getenv("HYPOTHESIS_PROFILE", "ci"))
 
 

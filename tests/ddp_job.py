@@ -2,7 +2,9 @@
 
 ``python tests/ddp_job.py OUT --devices 2 [--crash EPOCH BATCH] [--resume CKPT] [--config JSON] [--stock]`` trains the
 harness model and writes ``OUT/rank{r}.pt`` (the batches each rank trained, the final parameters and random states);
-with ``--crash`` every rank writes the checkpoint ``OUT/crash.ckpt`` in ``on_train_batch_end`` and stops.
+with ``--crash`` every rank writes the checkpoint ``OUT/crash.ckpt`` in ``on_train_batch_end`` and stops; with
+``--crash ... --on-exception`` every rank's ``training_step`` raises there instead and ``OnExceptionCheckpoint`` writes
+``OUT/on_exception.ckpt``. Each rank records the warnings it saw.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import contextlib
 import numpy as np
 import torch
 
-from harness import Config, Crash, CrashCallback, CrashPoint, L, Model, ModelCheckpoint
+from harness import Config, Crash, CrashCallback, CrashPoint, L, Model, ModelCheckpoint, OnExceptionCheckpoint
 from lightning_midepoch import MidEpochResume
 
 
@@ -64,8 +66,9 @@ class Report(L.Callback):
         _write(self.out, trainer, pl_module, self.saves)
 
 
-def _write(out: Path, trainer: L.Trainer, model: Any, saves: CountSaves) -> None:
+def _write(out: Path, trainer: L.Trainer, model: Any, saves: CountSaves, caught: list[str] | None = None) -> None:
     result = {
+        "warnings": caught or [],
         "seen": model.seen,
         "params": {name: value.detach().clone() for name, value in model.state_dict().items()},
         "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()[1].copy(), "python": random.getstate()},
@@ -85,11 +88,11 @@ def main() -> None:
     parser.add_argument("--stock", action="store_true", help="without MidEpochResume (the transparency reference)")
     parser.add_argument("--strategy", default="ddp", choices=["ddp", "ddp_spawn"])
     parser.add_argument("--checkpoint-every", type=int, default=0, help="ModelCheckpoint(every_n_train_steps=N)")
+    parser.add_argument("--on-exception", action="store_true", help="--crash raises in training_step instead")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config = Config(**json.loads(args.config))
-    warnings.filterwarnings("ignore")
     L.seed_everything(1, verbose=False)
     model = Model(config)
     if args.resume:  # a fresh process's states (PL_GLOBAL_SEED, which seeds the injected sampler, stays the same)
@@ -102,7 +105,10 @@ def main() -> None:
     if args.checkpoint_every:
         every = args.checkpoint_every
         callbacks.append(ModelCheckpoint(dirpath=out / "checkpoints", every_n_train_steps=every, save_top_k=-1))
-    if args.crash:
+    if args.crash and args.on_exception:
+        model.raise_at = (args.crash[0], args.crash[1])
+        callbacks.append(OnExceptionCheckpoint(dirpath=out))
+    elif args.crash:
         callbacks.append(CrashCallback(CrashPoint("train_batch_end", *args.crash), out / "crash.ckpt"))
     strategy = args.strategy if args.devices > 1 else "auto"
     trainer = L.Trainer(
@@ -112,16 +118,17 @@ def main() -> None:
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        enable_checkpointing=bool(args.checkpoint_every),
+        enable_checkpointing=bool(args.checkpoint_every) or args.on_exception,
         num_sanity_val_steps=0,
         callbacks=callbacks,
         default_root_dir=out,
         **config.trainer_kwargs(),
     )
-    with contextlib.suppress(Crash):
+    with warnings.catch_warnings(record=True) as caught, contextlib.suppress(Crash):
+        warnings.simplefilter("always")
         trainer.fit(model, ckpt_path=args.resume)
     if not spawned:
-        _write(out, trainer, model, saves)
+        _write(out, trainer, model, saves, [str(warning.message) for warning in caught])
 
 
 if __name__ == "__main__":

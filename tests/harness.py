@@ -241,6 +241,14 @@ class Model(L.LightningModule):
         self.datasets: list[IndexedDataset] = []
         self.automatic_optimization = not config.manual
         self.raise_at: tuple[int, int | None] | None = None
+        # every moment a CrashPoint can name, in the order this run reached them, with the global step after it
+        self.moments: list[tuple[CrashPoint, int]] = []
+
+    def _reached(self, hook: str, batch: int | None = None) -> None:
+        self.moments.append((CrashPoint(hook, self.current_epoch, batch), self.trainer.global_step))
+
+    def _batch_idx(self) -> int:
+        return int(self.trainer.fit_loop.epoch_loop.batch_idx)
 
     def train_dataloader(self) -> Any:
         return self.config.loaders(self)
@@ -253,12 +261,33 @@ class Model(L.LightningModule):
             torch.rand(5), np.random.rand(3), random.random()
 
     def on_train_epoch_start(self) -> None:
+        self._reached("train_epoch_start")
         if self.config.hook_draws:
             torch.rand(1), np.random.rand(), random.random()
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._reached("train_batch_start", batch_idx)
         if self.config.hook_draws:
             torch.rand(2), np.random.rand(2), random.random()
+
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        self._reached("before_backward", self._batch_idx())
+
+    def on_after_backward(self) -> None:
+        self._reached("after_backward", self._batch_idx())
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        self._reached("before_optimizer_step", self._batch_idx())
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._reached("train_batch_end", batch_idx)
+
+    def on_train_epoch_end(self) -> None:
+        self._reached("train_epoch_end")
+
+    def on_validation_end(self) -> None:
+        if not self.trainer.sanity_checking:
+            self._reached("validation_end", self._batch_idx())
 
     def _loss(self, batch: Any, batch_idx: int) -> torch.Tensor:
         parts = batch.values() if isinstance(batch, dict) else [batch]

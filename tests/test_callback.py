@@ -21,6 +21,7 @@ from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
 from harness import (
+    Comparison,
     Config,
     CrashPoint,
     Model,
@@ -28,6 +29,7 @@ from harness import (
     checkpoint_path,
     interrupt_and_resume,
     run,
+    uninterrupted,
 )
 from lightning_midepoch import MidEpochResume, MidEpochResumeError
 from lightning_midepoch._compat import STOCK_NOT_RESUMABLE_WARNING
@@ -197,24 +199,35 @@ def test_stock_checkpoint_with_a_random_order_warns(tmp_path):
 
 
 def test_weights_only_resume(tmp_path):
-    run(Config(), tmp_path / "interrupted", crash=MID)
+    """``fit(weights_only=True)`` loads the callback's state (primitives and tensors only) and resumes exactly."""
+    interrupted = run(Config(), tmp_path / "interrupted", crash=MID)
     ckpt = checkpoint_path(tmp_path / "interrupted", MID)
     checkpoint = torch.load(ckpt, weights_only=True)
     assert checkpoint["callbacks"]["MidEpochResume"]["version"] == 1
-    full = run(Config(), tmp_path / "full")
+    full = uninterrupted(Config(), tmp_path / "full")
     resumed = run(Config(), tmp_path / "resumed", ckpt_path=ckpt, seed=2, weights_only=True)
-    assert resumed.seen == full.seen[14:]
+    assert_exact(Comparison(full, interrupted, resumed))
 
 
-@pytest.mark.parametrize("stateful", [True, False])
-def test_iterable_dataset(stateful, tmp_path):
-    config = Config(iterable="stateful" if stateful else "plain", dataset_size=20)
-    if stateful:
-        assert_exact(interrupt_and_resume(config, MID, tmp_path))
-        return
-    with pytest.warns(UserWarning, match="CountingIterable"):
+def test_stateful_iterable_dataset_resumes_exactly(tmp_path):
+    assert_exact(interrupt_and_resume(Config(iterable="stateful"), MID, tmp_path))
+
+
+def test_plain_iterable_dataset_warns_and_restarts_its_epoch(tmp_path):
+    """Without a state of its own, the interrupted epoch's iteration starts again: every sample of it, once more."""
+    config = Config(iterable="plain")
+    with pytest.warns(UserWarning, match=r"IterableDataset \(CountingIterable\).* restarts its iteration"):
         comparison = interrupt_and_resume(config, MID, tmp_path)
-    assert comparison.resumed.trainer.current_epoch == config.max_epochs
+    full, interrupted, resumed = comparison.full, comparison.interrupted, comparison.resumed
+    done = len(interrupted.seen)
+    assert interrupted.seen == full.seen[:done]
+    epoch, consumed = MID.epoch, MID.batch + 1
+    # the interrupted epoch again from its first sample, numbered on from the batches it had already trained
+    whole_epoch = [ids for e, _, ids in full.seen if e == epoch]
+    again = [(epoch, consumed + index, ids) for index, ids in enumerate(whole_epoch)]
+    later = [batch for batch in full.seen if batch[0] > epoch]
+    assert resumed.seen == again + later
+    assert resumed.trainer.current_epoch == config.max_epochs
 
 
 class _IteratesTheTrainLoader(L.Callback):

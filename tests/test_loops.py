@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import warnings
 from dataclasses import replace
 
@@ -16,13 +17,19 @@ from harness import (
     NAMESPACE,
     Config,
     CrashPoint,
+    RunResult,
     assert_exact,
     checkpoint_path,
     interrupt_and_resume,
     resume_repeatedly,
+    uninterrupted,
 )
 from lightning_midepoch import _state as S
 from lightning_midepoch._saving import Saver
+
+# The property test trains several times per example: CI runs a few examples, `make fuzz` (HYPOTHESIS_PROFILE=fuzz)
+# the fuzz profile's many.
+PROPERTY_SETTINGS = settings() if os.getenv("HYPOTHESIS_PROFILE") == "fuzz" else settings(max_examples=20)
 
 MID = CrashPoint("train_batch_end", epoch=1, batch=3)
 EARLY = CrashPoint("train_batch_end", epoch=0, batch=0)
@@ -231,38 +238,140 @@ def test_skipped_samples_are_never_loaded(tmp_path):
     assert first_epoch == list(range(14, 20))
 
 
+# Moments at a boundary between batches; the others are inside a batch (its start, step, backward, optimizer step)
+# or at an epoch's start, which a resumed run runs again.
+BOUNDARIES = ("train_batch_end", "train_epoch_end", "validation_end", "model_checkpoint")
+IN_BATCH = ("train_batch_start", "before_backward", "after_backward", "before_optimizer_step")
+
+
 @st.composite
 def _configs(draw: st.DrawFn) -> Config:
-    loader = draw(st.sampled_from(LOADERS))
-    num_workers = draw(st.sampled_from([0, 0, 2]))
+    """Any setting of the harness's ``Config`` (hook_draws is drawn with the crash points, which restrict it)."""
+    loader = draw(st.sampled_from([*LOADERS, "iterable"]))
+    num_workers = draw(st.sampled_from([0, 0, 0, 2]))
+    manual = draw(st.integers(0, 4)) == 0
     config = Config(
-        loader=loader,
+        loader=loader if loader != "iterable" else "shuffle",
+        iterable="stateful" if loader == "iterable" else None,  # a plain one restarts its epoch (with a warning)
         num_workers=num_workers,
         persistent_workers=num_workers > 0 and draw(st.booleans()),
         dataset_size=draw(st.integers(5, 13)),
         batch_size=draw(st.integers(1, 4)),
-        drop_last=draw(st.booleans()),
-        accumulate_grad_batches=draw(st.sampled_from([1, 1, 2, 3])),
+        # a user's batch sampler has its own batching
+        drop_last=not loader.startswith("batch_sampler_") and draw(st.booleans()),
+        max_epochs=draw(st.integers(1, 3)),
+        manual=manual,
+        # Lightning refuses accumulate_grad_batches with manual optimization
+        accumulate_grad_batches=1 if manual else draw(st.sampled_from([1, 1, 2, 3])),
+        limit_train_batches=draw(st.sampled_from([None, None, None, 1, 3, 5, 0.5])),
         validation=draw(st.booleans()),
         reload_every_n=draw(st.sampled_from([0, 0, 1, 2])),
-        combined=draw(st.sampled_from([None, None, None, "max_size_cycle", "max_size", "min_size"])),
+        combined=None
+        if loader == "iterable"
+        else draw(st.sampled_from([None, None, "max_size_cycle", "max_size", "min_size"])),
     )
-    if config.validation and draw(st.booleans()):
-        config = replace(config, val_check_interval=0.5)
+    if config.iterable is not None or (config.combined is not None and config.limit_train_batches == 0.5):
+        # Lightning needs a length for a fraction of the batches, and each combined loader needs a batch of it
+        config = replace(config, limit_train_batches=None)
+    if draw(st.integers(0, 3)) == 0:
+        config = replace(config, max_steps=draw(st.integers(1, 20)))
+    if config.validation:
+        interval = draw(st.sampled_from([None, None, 1, 2, 3, *([0.5] if config.iterable is None else [])]))
+        if isinstance(interval, int):  # counted across epochs, as a number of batches
+            config = replace(config, val_check_interval=interval, check_val_every_n_epoch=None)
+        else:
+            config = replace(config, val_check_interval=interval)
     return config
 
 
-@settings(max_examples=40)
-@given(config=_configs(), data=st.data())
-def test_resume_anywhere(config, data, tmp_path_factory):
-    """Any configuration above, interrupted after any batch or at any epoch end, resumes exactly."""
-    assume(config.batches_per_epoch > 0)
-    batches = config.batches_per_epoch
-    hook = data.draw(st.sampled_from(["train_batch_end", "train_batch_end", "train_epoch_end"]), label="hook")
-    epoch = data.draw(st.integers(0, config.max_epochs - 1), label="epoch")
-    batch = data.draw(st.integers(0, batches - 1), label="batch") if hook == "train_batch_end" else None
+def _positions(config: Config, full: RunResult) -> list[list[CrashPoint]]:
+    """Where the uninterrupted run can be interrupted, in its order: the crash points at each moment it reached."""
+    steps = {(point.epoch, point.batch) for point, _ in full.model.moments if point.hook == "before_optimizer_step"}
+    # KNOWN-BUG-GROUP-END: a checkpoint written inside the batch that ends an accumulation group drops the group's
+    # earlier gradients (reported with issue 11); lift this once it is exact.
+    skipped = steps if config.accumulate_grad_batches > 1 else set()
+    # KNOWN-BUG-AFTER-VALIDATION: a checkpoint written inside the batch right after a mid-epoch validation restores
+    # torch's states of before that validation (reported with issue 11); lift this once it is exact.
+    # KNOWN-BUG-CYCLE-IN-BATCH: ... and inside a batch in which a max_size_cycle loader starts over (reported with
+    # issue 11); lift this once it is exact.
+    if config.combined == "max_size_cycle":
+        alone = replace(config, combined=None, limit_train_batches=None)
+        for loader_batches in (alone.batches_per_epoch, replace(alone, dataset_size=6).batches_per_epoch):
+            starts = range(loader_batches, config.batches_per_epoch, max(loader_batches, 1))
+            skipped = skipped | {(point.epoch, batch) for point, _ in full.model.moments for batch in starts}
+    # KNOWN-BUG-FIRST-BATCH-WITH-VALIDATION: ... and, with validation, inside an epoch's first batch (reported with
+    # issue 11); lift this once it is exact.
+    previous: CrashPoint | None = None
+    for point, _ in full.model.moments:
+        after_validation = previous is not None and previous.hook == "validation_end"
+        if point.hook == "train_batch_start" and (after_validation or (config.validation and point.batch == 0)):
+            skipped = skipped | {(point.epoch, point.batch)}
+        previous = point
+    # KNOWN-BUG-LAST-STEP-VALIDATION: a checkpoint written after the batch that reaches max_steps, with a validation
+    # due after it, resumes without that validation (reported with issue 11); lift this once it is exact.
+    moments = full.model.moments
+    last_validated = {
+        (point.epoch, point.batch)
+        for (point, step), (after, _) in zip(moments, moments[1:])
+        if point.hook == "train_batch_end" and step == config.max_steps and after.hook == "validation_end"
+    }
+    positions: list[list[CrashPoint]] = []
+    last_step = 0
+    for point, step in moments:
+        if point.hook == "train_batch_end" and (point.epoch, point.batch) in last_validated:
+            continue
+        if (
+            point.hook == "after_backward"
+            and config.accumulate_grad_batches > 1
+            and (point.epoch, point.batch) not in steps
+        ):
+            continue  # inside an accumulation group: the batch's gradients are added again, with a warning
+        if point.hook in IN_BATCH and (point.epoch, point.batch) in skipped:
+            continue
+        # KNOWN-BUG-ITERABLE-IN-BATCH: a stateful IterableDataset's position saved inside a batch is past that batch,
+        # so its samples are lost (and an epoch 0 start was seen inexact too; reported with issue 11); lift once exact.
+        if config.iterable is not None and (point.hook in IN_BATCH or point.hook == "train_epoch_start"):
+            continue
+        here = [point]
+        if point.hook == "train_batch_start":  # training_step raises in this batch: OnExceptionCheckpoint
+            here.append(CrashPoint("exception", point.epoch, point.batch))
+        if point.hook == "train_batch_end" and step > last_step:  # ModelCheckpoint(every_n_train_steps) saves here
+            here.append(CrashPoint("model_checkpoint", point.epoch, point.batch, step=step))
+            last_step = step
+        positions.append(here)
+    return positions
+
+
+@settings(PROPERTY_SETTINGS)
+@given(data=st.data())
+def test_resume_anywhere(data, tmp_path_factory):
+    """Any configuration above, interrupted at any moment a checkpoint can be written, once or repeatedly, resumes
+    exactly."""
+    config = data.draw(_configs(), label="config")
+    assume(config.iterable is not None or config.batches_per_epoch > 0)  # Lightning refuses a fraction of no batch
     tmp_path = tmp_path_factory.mktemp("resume")
-    assert_exact(interrupt_and_resume(config, CrashPoint(hook, epoch, batch), tmp_path))
+    full = uninterrupted(replace(config, hook_draws=False), tmp_path / "probe")
+    positions = _positions(config, full)
+    assume(positions)
+    count = data.draw(st.sampled_from([1, 1, 1, 2, 3]), label="crashes")
+    picked = data.draw(
+        st.lists(st.integers(0, len(positions) - 1), min_size=1, max_size=count, unique=True), label="positions"
+    )
+    crashes = [data.draw(st.sampled_from(positions[index]), label="crash") for index in sorted(picked)]
+    # KNOWN-BUG-EPOCH-START-CHAIN: resuming from a train_epoch_end checkpoint of a run that was itself resumed from a
+    # train_epoch_start checkpoint skips the next epoch (reported with issue 11); lift this once it is exact.
+    assume(all(crash.hook != "train_epoch_start" for crash in crashes[:-1]))
+    crashes = [
+        replace(crash, every=data.draw(st.sampled_from([1, 2]), label="every"))
+        if crash.hook == "model_checkpoint" and crash.step % 2 == 0
+        else crash
+        for crash in crashes
+    ]
+    # IN-BATCH-HOOK-DRAWS: numpy/python are restored as of a checkpoint written inside a batch, so the model's hooks
+    # draw from them only when every crash is at a boundary; lift this once in-batch checkpoints restore them exactly.
+    at_boundaries = all(crash.hook in BOUNDARIES for crash in crashes)
+    config = replace(config, hook_draws=at_boundaries and data.draw(st.booleans(), label="hook_draws"))
+    assert_exact(resume_repeatedly(config, crashes, tmp_path))
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,19 @@ import pytest
 import torch
 
 from gather_job import rank_state
-from harness import NAMESPACE, Comparison, Config, L, Model, ModelCheckpoint, assert_exact, assert_same_state, run
+from harness import (
+    NAMESPACE,
+    Comparison,
+    Config,
+    CrashPoint,
+    L,
+    Model,
+    ModelCheckpoint,
+    assert_exact,
+    assert_same_state,
+    interrupt_and_resume,
+    run,
+)
 from lightning_midepoch import MidEpochResume, _saving
 from lightning_midepoch import _state as S
 from lightning_midepoch._saving import gather
@@ -214,3 +226,19 @@ def test_modelcheckpoints_last_written_when_max_steps_stopped_the_epoch_continue
     assert torch.load(last, weights_only=True)["callbacks"]["MidEpochResume"]["stopped"]
     resumed = run(FULL, tmp_path / "resumed", ckpt_path=last, seed=2)
     assert_exact(Comparison(full, first, resumed))
+
+
+def test_a_checkpoint_after_backward_inside_an_accumulation_group_warns_and_adds_that_batch_twice(tmp_path):
+    """Batch 4 is in the accumulation group of batches 3, 4, 5: its gradients are saved, and it runs again."""
+    config = Config(accumulate_grad_batches=3, hook_draws=False)
+    crash = CrashPoint("after_backward", epoch=1, batch=4)
+    with pytest.warns(UserWarning, match="after the backward pass of a batch inside a gradient accumulation group"):
+        comparison = interrupt_and_resume(config, crash, tmp_path)
+    full, interrupted, resumed = comparison.full, comparison.interrupted, comparison.resumed
+    done = len(interrupted.seen)
+    # the order is exact: the resumed run trains batch 4 again, then the rest
+    assert interrupted.seen + resumed.seen == full.seen
+    assert resumed.seen[0] == (1, 4, full.seen[done][2])
+    # ... but batch 4's gradients count twice in the group's step: the weights differ from there on
+    differ = [name for (name, a), b in zip(full.model.named_parameters(), resumed.model.parameters()) if not a.equal(b)]
+    assert differ

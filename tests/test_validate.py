@@ -433,6 +433,21 @@ GENERATOR = "loader.sampler.generator"
             "`ranks[0].grads['net.0.weight']`: expected a floating-point tensor, found an int64 tensor of shape"
             " (16, 4).",
         ),
+        (
+            lambda s: _rank_0(s)["passes"][0]["at_iter"].update(extra=1),
+            "`ranks[0].passes[0].at_iter.extra`: expected no such key (this dict holds only 'global', 'objects'),"
+            " found one.",
+        ),
+        (
+            lambda s: _rank_0(s)["generators"][0].update({3: {}}),
+            "`ranks[0].generators[0]`: expected a dict (generator states by path) with str keys, found a key that is"
+            " an int (3).",
+        ),
+        (
+            lambda s: s["ranks"][1]["generators"][1]["dataset.rng"]["state"].update(bit_generator="Mersenne"),
+            "`ranks[1].generators[1]['dataset.rng'].state`: expected the state of a numpy bit generator (a dict"
+            " naming it in 'bit_generator'), found a dict.",
+        ),
         (lambda s: s.update(world_size=True), "`world_size`: expected an int >= 1, found a bool (True)."),
         (lambda s: s.update(stopped=1), "`stopped`: expected a bool, found an int (1)."),
         (
@@ -480,6 +495,24 @@ def test_unknown_keys_are_not_damage(states):
     state["loaders"][0].update(replacement=False, num_samples=20)
     state["ranks"][0]["passes"][0]["note"] = "anything"
     assert V.checked(state)["loaders"][0]["num_samples"] == 20
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda s: s["loaders"][0].update(global_order=None),  # an order that cannot be rebuilt: nothing to check
+        lambda s: _rank_0(s)["passes"].__setitem__(0, None),  # no pass recorded for a loader
+        lambda s: s["ranks"].__setitem__(1, None),  # a rank whose states could not be gathered
+        lambda s: s["ranks"].pop(),  # nor sent: the ranks could not exchange them (no process group)
+        lambda s: _rank_0(s)["rng"]["python"].update(gauss_next=0.25),
+        lambda s: _rank_0(s).update(grads=None),
+        lambda s: s.pop("stopped"),  # written by 0.1.0
+    ],
+)
+def test_states_any_release_writes_are_intact(states, change):
+    state = copy.deepcopy(states["two_ranks"])
+    change(state)
+    V.checked(state)
 
 
 def test_an_empty_state_records_nothing_but_extra_position_keys_need_all_of_them():

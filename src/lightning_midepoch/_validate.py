@@ -136,21 +136,14 @@ class Spec:
 
 
 class Int(Spec):
-    """An int (not a bool) within ``[low, high]``."""
+    """An int (not a bool) from ``low``, up to ``high`` if given."""
 
-    def __init__(self, low: int | None = None, high: int | None = None) -> None:
+    def __init__(self, low: int, high: int | None = None) -> None:
         self.low, self.high = low, high
-        if low is not None and high is not None:
-            self.expected = f"an int from {low} to {high}"
-        elif low is not None:
-            self.expected = f"an int >= {low}"
-        else:
-            self.expected = "an int"
+        self.expected = f"an int >= {low}" if high is None else f"an int from {low} to {high}"
 
     def check(self, value: Any, path: str) -> None:
-        if not _is_int(value):
-            raise self.fail(value, path)
-        if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
+        if not _is_int(value) or value < self.low or (self.high is not None and value > self.high):
             raise self.fail(value, path)
 
 
@@ -203,9 +196,9 @@ class Optional(Spec):
         try:
             self.spec.check(value, path)
         except _Damage as damage:
-            if damage.path != path:
+            if damage.path != path or damage.found != describe(value):
                 raise
-            raise self.fail(value, path) from None  # wrong at this level: say that None would do too
+            raise self.fail(value, path) from None  # the value as a whole is wrong: say that None would do too
 
 
 class AnyDict(Spec):
@@ -272,7 +265,7 @@ class DictOf(Spec):
             raise self.fail(value, path)
         for key, item in value.items():
             if not isinstance(key, str):
-                raise _Damage(path, f"{self.expected} with str keys", f"a key {describe(key)}")
+                raise _Damage(path, f"{self.expected} with str keys", f"a key that is {describe(key)}")
             self.value.check(item, f"{path}[{key!r}]")
 
 
@@ -503,7 +496,7 @@ def _map_loaders_have_sizes(state: Mapping[str, Any]) -> None:
 
 
 def _has_torch_generator(record: Mapping[str, Any]) -> bool:
-    objects = {**record["at_iter"]["objects"], **((record.get("at_first_next") or {}).get("objects") or {})}
+    objects = {**record["at_iter"]["objects"], **record["at_first_next"]["objects"]}
     return any(state["kind"] == "torch" for state in objects.values())
 
 

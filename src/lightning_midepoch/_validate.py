@@ -500,13 +500,22 @@ def _has_torch_generator(record: Mapping[str, Any]) -> bool:
     return any(state["kind"] == "torch" for state in objects.values())
 
 
-def _check_random_record(spec: Mapping[str, Any] | None, record: Mapping[str, Any] | None, path: str) -> None:
-    """A random order rebuilt from a pass record needs the states it drew at its first ``next()``."""
+def _check_random_record(
+    spec: Mapping[str, Any] | None, record: Mapping[str, Any] | None, path: str, rebuilt: bool = False
+) -> None:
+    """A random order rebuilt from a pass record needs the states of its first draw, and its generator's.
+
+    A pass record may lack the first draw (a checkpoint written before the pass's first ``next()``): a resume then
+    draws it, and an elastic resume refuses it with a clear error; the record of an epoch already finished
+    elastically (``rebuilt``) is always rebuilt.
+    """
     if spec is None or spec["kind"] != "random" or record is None:
         return
     if record.get("at_first_next") is None:
-        found = describe(record.get("at_first_next", _MISSING))
-        raise _Damage(_key(path, "at_first_next"), "the states of a random order's first draw (a dict)", found)
+        if rebuilt:
+            found = describe(record.get("at_first_next", _MISSING))
+            raise _Damage(_key(path, "at_first_next"), "the states of a random order's first draw (a dict)", found)
+        return
     if spec["own_generator"] and not _has_torch_generator(record):
         raise _Damage(
             _key(_key(path, "at_iter"), "objects"),
@@ -528,7 +537,7 @@ def _elastic_matches_loaders(state: Mapping[str, Any]) -> None:
         return
     if elastic["spec"]["kind"] == "random" and elastic["record"] is None:
         raise _Damage(f"{S.KEY_ELASTIC}.record", "the pass record a random order is rebuilt from", "None")
-    _check_random_record(elastic["spec"], elastic["record"], f"{S.KEY_ELASTIC}.record")
+    _check_random_record(elastic["spec"], elastic["record"], f"{S.KEY_ELASTIC}.record", rebuilt=True)
     loaders = state[S.KEY_LOADERS]
     length = loaders[0]["dataset_length"] if len(loaders) == 1 else None
     if elastic["dataset_length"] != length:

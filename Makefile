@@ -43,7 +43,7 @@ SUITE_PYTEST = cd $(LIGHTNING)/tests/tests_pytorch && MIDEPOCH_SUITE_ATTACH=$(1)
 	--junitxml=$(SUITE_RESULTS)/$(2).xml > $(SUITE_RESULTS)/$(2).log 2>&1; \
 	tail -n 1 $(SUITE_RESULTS)/$(2).log; test -s $(SUITE_RESULTS)/$(2).xml
 
-.PHONY: venv demo test lint compat lightning-suite docs bench dist dist-check pythons clean
+.PHONY: venv demo test lint compat lightning-suite docs bench bench-gather mutation dist dist-check pythons clean
 
 $(STAMP): requirements/*.txt pyproject.toml src/lightning_midepoch/__about__.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -106,6 +106,17 @@ bench: venv  ## measurements, printed as tables; plots in benchmarks/results/
 	$(PIP) install --quiet --no-deps -r requirements/bench.txt
 	$(BIN)/python benchmarks/run_all.py
 
+bench-gather: venv  ## host memory of a DDP checkpoint inside an accumulation group (2 gloo processes, 100M parameters)
+	$(BIN)/python benchmarks/bench_gather.py
+
+# Not part of CI (about half an hour on two cores): mutates _sampling, _order and _state ([tool.mutmut] in
+# pyproject.toml), runs their fast tests against each mutant, then lists every mutant that no test noticed.
+mutation: venv  ## mutation testing of the index-level core with mutmut; results in mutants/
+	$(PIP) install --quiet -r requirements/mutation.txt
+	rm -rf mutants
+	nice -n 10 $(BIN)/mutmut run --max-children 2
+	$(BIN)/mutmut results
+
 $(DIST_STAMP): requirements/dist.txt
 	test -x $(DIST_VENV)/bin/python || $(PYTHON) -m venv $(DIST_VENV)
 	$(DIST_VENV)/bin/python -m pip --disable-pip-version-check install --quiet -r requirements/dist.txt
@@ -140,4 +151,4 @@ pythons: $(foreach v,$(PYTHONS),.venv-py$(v)/.installed)  ## the Trainer-level t
 	done
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) $(SUITE_VENV) $(SUITE_OUT) $(DIST_VENV) .venv-py* build $(DIST_DIR) *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage demo-output docs/_build
+	rm -rf $(VENV) $(COMPAT_VENV) $(SUITE_VENV) $(SUITE_OUT) $(DIST_VENV) .venv-py* build $(DIST_DIR) *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage demo-output docs/_build mutants

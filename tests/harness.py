@@ -20,7 +20,16 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, Sampler
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 
 from lightning_midepoch import MidEpochResume
 
@@ -42,6 +51,10 @@ LOADERS = (
     "batch_sampler_python",  # ... from python's random at the first next()
     "batch_sampler_torch",  # ... from the global torch RNG at the first next()
     "subclass",  # a DataLoader subclass with its own __init__ argument
+    "weighted_generator",  # WeightedRandomSampler(generator=...) (wrapped in DistributedSamplerWrapper under DDP)
+    "subset_generator",  # SubsetRandomSampler(generator=...) (likewise)
+    "both_generators",  # DataLoader(generator=...) over RandomSampler(generator=...): two generators
+    "replacement",  # RandomSampler(replacement=True)
 )
 
 
@@ -132,6 +145,7 @@ class Config:
     check_val_every_n_epoch: int | None = 1
     reload_every_n: int = 0
     manual: bool = False
+    step_every: int = 1  # manual optimization: backward at every batch, an optimizer step every this many
     combined: str | None = None  # a CombinedLoader of a long and a short loader, in this mode
     iterable: str | None = None  # "stateful" / "plain": train on an IterableDataset instead
     hook_draws: bool = True  # the model's hooks draw from torch, numpy and python RNGs
@@ -169,6 +183,20 @@ class Config:
             return DataLoader(dataset, batch_sampler=batch_sampler, **common)
         if self.loader == "subclass":
             return LoaderWithArgs(dataset, tag="mine", shuffle=True, **batching, **common)
+        if self.loader == "weighted_generator":
+            weights = [1.0 + i % 3 for i in range(len(dataset))]
+            generator = torch.Generator().manual_seed(13)
+            sampler = WeightedRandomSampler(weights, len(dataset), generator=generator)
+            return DataLoader(dataset, sampler=sampler, **batching, **common)
+        if self.loader == "subset_generator":
+            sampler = SubsetRandomSampler(range(len(dataset)), generator=torch.Generator().manual_seed(17))
+            return DataLoader(dataset, sampler=sampler, **batching, **common)
+        if self.loader == "both_generators":
+            sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(7))
+            generator = torch.Generator().manual_seed(11)
+            return DataLoader(dataset, sampler=sampler, generator=generator, **batching, **common)
+        if self.loader == "replacement":
+            return DataLoader(dataset, sampler=RandomSampler(dataset, replacement=True), **batching, **common)
         raise ValueError(self.loader)
 
     def trainer_kwargs(self) -> dict[str, Any]:
@@ -230,7 +258,7 @@ class Model(L.LightningModule):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self.config.hook_draws:
-            torch.rand(2)
+            torch.rand(2), np.random.rand(2), random.random()
 
     def _loss(self, batch: Any, batch_idx: int) -> torch.Tensor:
         parts = batch.values() if isinstance(batch, dict) else [batch]
@@ -253,9 +281,14 @@ class Model(L.LightningModule):
         if not self.config.manual:
             return loss
         optimizer = self.optimizers()
-        optimizer.zero_grad()
-        self.manual_backward(loss)
-        optimizer.step()
+        every = self.config.step_every
+        if every == 1:
+            optimizer.zero_grad()
+        self.manual_backward(loss / every)
+        if (batch_idx + 1) % every == 0:  # the batch_idx restarts each epoch: a group may span two epochs
+            optimizer.step()
+            if every > 1:
+                optimizer.zero_grad()
         return None
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:

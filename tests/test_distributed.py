@@ -82,8 +82,18 @@ def _assert_same_continuation(full, interrupted, resumed) -> None:
         ({"dataset_size": DATASET, "loader": "distributed", "num_workers": 2}, (0, 5)),
         # inside an accumulation group: each rank's partial gradients differ and are saved per rank
         ({"dataset_size": DATASET, "accumulate_grad_batches": 4}, (1, 1)),
+        # a sampler with its own generator, which Lightning wraps in its DistributedSamplerWrapper (the generator
+        # sits in the wrapper's dataset)
+        ({"dataset_size": DATASET, "loader": "weighted_generator"}, (1, 2)),
+        ({"dataset_size": DATASET, "loader": "subset_generator"}, (1, 3)),
     ],
-    ids=["injected-sampler", "explicit-sampler-workers-epoch-end", "accumulation"],
+    ids=[
+        "injected-sampler",
+        "explicit-sampler-workers-epoch-end",
+        "accumulation",
+        "weighted-wrapped",
+        "subset-wrapped",
+    ],
 )
 def test_ddp_resume_is_exact_on_every_rank(config, crash, uninterrupted, tmp_path):
     _assert_transparent(uninterrupted, 2, config)
@@ -142,6 +152,23 @@ def test_elastic_resume_trains_every_remaining_sample_once(saved_on, resumed_on,
         assert indices == list(range(batches_per_rank - len(indices), batches_per_rank))
     # later epochs follow the new world size's normal order: a full epoch each
     assert _epoch_samples(resumed, epoch + 1) == Counter(range(DATASET))
+
+
+def _epoch_order(result, epoch: int) -> list[int]:
+    return [i for e, _, ids in result["seen"] if e == epoch for i in ids]
+
+
+def test_elastic_resume_rebuilds_the_order_from_the_samplers_generator(uninterrupted, tmp_path):
+    """DataLoader(generator=g1) over RandomSampler(generator=g2), saved on 1 device, resumed on 2: the order is g2's."""
+    config = {"dataset_size": DATASET, "hook_draws": False, "loader": "both_generators"}
+    (full,) = uninterrupted(1, config)
+    (interrupted,) = _train(tmp_path / "interrupted", 1, config, crash=(1, 4))
+    resumed = _train(tmp_path / "resumed", 2, config, resume=tmp_path / "interrupted" / "crash.ckpt")
+    order, consumed = _epoch_order(full, 1), _epoch_order(interrupted, 1)
+    assert consumed == order[: len(consumed)] == order[:10]
+    # the rest of the uninterrupted run's order, each sample once, laid out over the ranks as DistributedSampler does
+    for rank, result in enumerate(resumed):
+        assert _epoch_order(result, 1) == order[10:][rank::2], f"rank {rank} trained other samples"
 
 
 def test_elastic_resume_twice_in_one_epoch(uninterrupted, tmp_path):

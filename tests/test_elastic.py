@@ -8,10 +8,11 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
 from lightning_midepoch import _elastic, _rng
-from lightning_midepoch._order import _capture
+from lightning_midepoch import _state as S
+from lightning_midepoch._order import _capture, _IndexSamplerRecorder
 
 
 def _rank_orders(order_source: range, world_size: int, shuffle: bool, drop_last: bool, epoch: int) -> list[list[int]]:
@@ -93,3 +94,37 @@ def test_global_order_of_fixed_orders():
 def test_batched():
     assert _elastic.batched(list(range(5)), 2, drop_last=True) == [[0, 1], [2, 3]]
     assert Counter(i for b in _elastic.batched(list(range(5)), 2, drop_last=False) for i in b) == Counter(range(5))
+
+
+def _recorded_pass(loader: DataLoader) -> tuple[list[int], dict, dict]:
+    """Iterate ``loader`` through a recorder as the training loop does: its order, pass record and order spec."""
+    objects = _rng.find_rng_objects({"loader": loader, "index_sampler": loader.batch_sampler})
+    recorder = _IndexSamplerRecorder(loader.batch_sampler, objects, lambda: 0)
+    object.__setattr__(loader, "batch_sampler", recorder)
+    order = [int(i) for batch in loader for i in batch]
+    assert recorder.record is not None
+    return order, recorder.record.state_dict(), S.global_order(recorder)
+
+
+@pytest.mark.parametrize("spec_names_the_generator", [True, False], ids=["spec", "spec-of-0.2.0"])
+def test_global_order_draws_from_the_samplers_generator_not_the_loaders(spec_names_the_generator):
+    sampler = RandomSampler(range(17), generator=torch.Generator().manual_seed(7))
+    loader = DataLoader(range(17), batch_size=3, sampler=sampler, generator=torch.Generator().manual_seed(11))
+    order, record, spec = _recorded_pass(loader)
+    assert spec["generator"] == "loader.sampler.generator"
+    if not spec_names_the_generator:
+        del spec["generator"]
+    torch.manual_seed(123)
+    with _rng.isolated_global():
+        assert _elastic.global_order(spec, 17, 0, record) == order
+
+
+def test_global_order_with_one_generator_shared_by_loader_and_sampler():
+    generator = torch.Generator().manual_seed(3)
+    loader = DataLoader(
+        range(9), batch_size=2, sampler=RandomSampler(range(9), generator=generator), generator=generator
+    )
+    order, record, spec = _recorded_pass(loader)
+    assert spec["generator"] == "loader.generator"  # found once, under the loader
+    del spec["generator"]
+    assert _elastic.global_order(spec, 9, 0, record) == order

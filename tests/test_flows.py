@@ -182,11 +182,37 @@ def test_fit_twice_on_one_trainer_from_a_checkpoint_is_exact(tmp_path):
         assert torch.equal(expected, actual)
 
 
+@pytest.mark.parametrize(
+    "crash",
+    [
+        CrashPoint("train_batch_end", epoch=1, batch=1),  # (the hooks' batch_idx is the step's last batch's)
+        CrashPoint("train_batch_end", epoch=1, batch=9),  # the epoch's last step
+        CrashPoint("train_epoch_end", epoch=0),
+    ],
+    ids=repr,
+)
+@pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("pulls", [1, 2], ids=["one-batch-per-step", "two-batches-per-step"])
-def test_training_step_with_dataloader_iter_is_unchanged_and_resumes_exactly(pulls, tmp_path):
+def test_training_step_with_dataloader_iter_is_unchanged_and_resumes_exactly(pulls, num_workers, crash, tmp_path):
     """The steps pull their batches themselves: the checkpoint counts the batches, not the steps."""
-    config = Config(pulls=pulls, hook_draws=False)
-    assert_exact(interrupt_and_resume(config, CrashPoint("train_batch_end", epoch=1, batch=1), tmp_path))
+    config = Config(pulls=pulls, num_workers=num_workers)
+    assert_exact(interrupt_and_resume(config, crash, tmp_path))
+
+
+@pytest.mark.parametrize(
+    "crash",
+    [
+        CrashPoint("train_batch_start", epoch=1, batch=3),  # the hook's batch_idx: the previous step's last batch
+        CrashPoint("after_backward", epoch=1, batch=2),  # the third step of the epoch
+    ],
+    ids=repr,
+)
+def test_training_step_with_dataloader_iter_checkpoint_inside_a_step_warns(crash, tmp_path):
+    """Written inside a step that pulls its own batches: not exact, and the resumed run says so before training."""
+    config = Config(pulls=2)
+    assert run(config, tmp_path / "interrupted", crash=crash).crashed
+    with pytest.warns(UserWarning, match="inside a training_step that pulls its own batches"):
+        run(config, tmp_path / "resumed", ckpt_path=checkpoint_path(tmp_path / "interrupted", crash), seed=2)
 
 
 def _resume_with(make: Any, config: Config, crash: CrashPoint, tmp_path) -> Comparison:

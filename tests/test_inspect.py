@@ -740,7 +740,17 @@ def test_elastic_condition_names_what_prevents_it(ckpts):
 def test_partial_gradients_are_reported(ckpts):
     checkpoint = load(ckpts["exact"])
     checkpoint["callbacks"]["MidEpochResume"]["ranks"][0]["grads"] = {"net.0.bias": torch.zeros(16)}
-    assert any("inside a gradient accumulation group" in condition for condition in analysed(checkpoint).conditions)
+    assert any("not yet used by an optimizer step" in condition for condition in analysed(checkpoint).conditions)
+
+
+def test_a_checkpoint_written_inside_a_batch_names_what_is_not_exact(tmp_path):
+    crash = CrashPoint("after_backward", epoch=1, batch=3)
+    assert run(Config(), tmp_path, crash=crash).crashed
+    report = analysed(load(checkpoint_path(tmp_path, crash)))
+    assert report.resume.saved_at == "in_batch"
+    assert report.verdict == "exact"
+    assert any("from the random states (torch, numpy, Python) it started with" in c for c in report.conditions)
+    assert any("dataloader_iter" in c for c in report.conditions)
 
 
 def test_a_checkpoint_written_after_training_stopped_early_continues_its_epoch(tmp_path):

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import importlib
+import warnings
 from dataclasses import replace
 
 import pytest
+import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from harness import LOADERS, Config, CrashPoint, assert_exact, interrupt_and_resume, resume_repeatedly
+from harness import (
+    LOADERS,
+    NAMESPACE,
+    Config,
+    CrashPoint,
+    assert_exact,
+    checkpoint_path,
+    interrupt_and_resume,
+    resume_repeatedly,
+)
+from lightning_midepoch import _state as S
+from lightning_midepoch._saving import Saver
 
 MID = CrashPoint("train_batch_end", epoch=1, batch=3)
 EARLY = CrashPoint("train_batch_end", epoch=0, batch=0)
@@ -30,6 +44,10 @@ CRASH_POINTS = [MID, EARLY, LAST_BATCH, EPOCH_END]
         "batch_sampler_python",
         "batch_sampler_torch",
         "subclass",
+        "weighted_generator",
+        "subset_generator",
+        "both_generators",
+        "replacement",
     ],
 )
 def test_samplers(loader, crash, tmp_path):
@@ -81,6 +99,45 @@ def test_validation(config, crash, tmp_path):
 def test_gradient_accumulation(crash, num_workers, tmp_path):
     config = Config(accumulate_grad_batches=3, num_workers=num_workers)
     assert_exact(interrupt_and_resume(config, crash, tmp_path))
+
+
+MANUAL_GROUPS = Config(manual=True, step_every=3)  # optimizer steps after batch_idx 2, 5, 8, then 9 + the next 0, 1
+IN_MANUAL_GROUP = [
+    CrashPoint("train_batch_end", epoch=1, batch=4),  # the gradients of batches 3 and 4 are pending
+    CrashPoint("train_epoch_end", epoch=0),  # batch 9's are pending: its group ends in the next epoch
+    CrashPoint("train_batch_start", epoch=1, batch=4),  # batch 3's are pending; batch 4 runs again
+    CrashPoint("model_checkpoint", step=4, every=2),  # written right after an optimizer step: nothing pending
+]
+
+
+@pytest.mark.parametrize("crash", IN_MANUAL_GROUP, ids=repr)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_manual_optimization_accumulating_over_batches(crash, num_workers, tmp_path):
+    """The gradients a manual step accumulated for a later batch's optimizer step are saved and restored."""
+    assert_exact(interrupt_and_resume(replace(MANUAL_GROUPS, num_workers=num_workers), crash, tmp_path))
+
+
+def test_manual_optimization_without_the_saved_gradients_is_not_exact(monkeypatch, tmp_path):
+    """The test above has teeth: without the pending gradients, the same comparison fails."""
+    monkeypatch.setattr(Saver, "_partial_grads", lambda self: None)
+    comparison = interrupt_and_resume(MANUAL_GROUPS, IN_MANUAL_GROUP[0], tmp_path)
+    with pytest.raises(AssertionError, match="parameter"):
+        assert_exact(comparison)
+
+
+def test_manual_optimization_saves_no_gradients_between_groups(tmp_path):
+    """Nothing pending (right after an optimizer step zeroed them): the checkpoint carries no gradients."""
+    interrupt_and_resume(MANUAL_GROUPS, IN_MANUAL_GROUP[-1], tmp_path)
+    state = torch.load(checkpoint_path(tmp_path / "interrupted", IN_MANUAL_GROUP[-1]), weights_only=True)
+    (rank,) = state["callbacks"]["MidEpochResume"][S.KEY_RANKS]
+    assert rank[S.KEY_GRADS] is None
+
+
+def test_manual_optimization_checkpoint_after_backward_warns(tmp_path):
+    """Written after manual_backward with gradients pending: the batch runs again and may add them twice."""
+    with pytest.warns(UserWarning, match="manual optimization"):
+        comparison = interrupt_and_resume(MANUAL_GROUPS, CrashPoint("after_backward", epoch=1, batch=4), tmp_path)
+    assert comparison.resumed.seen == comparison.full.seen[len(comparison.interrupted.seen) :]
 
 
 @pytest.mark.parametrize(
@@ -143,12 +200,7 @@ def test_combined_loader(mode, batch, num_workers, tmp_path):
     ids=["twice", "three-times", "across-epochs", "after-a-rerun-batch", "reruns-twice"],
 )
 def test_repeated_resumes(crashes, num_workers, tmp_path):
-    # numpy/python are restored as of a checkpoint written inside a batch: the model's hooks must not draw from them
-    config = Config(
-        num_workers=num_workers,
-        hook_draws=all(c.hook.startswith("train_") and c.hook.endswith("_end") for c in crashes),
-    )
-    assert_exact(resume_repeatedly(config, crashes, tmp_path))
+    assert_exact(resume_repeatedly(Config(num_workers=num_workers), crashes, tmp_path))
 
 
 @pytest.mark.parametrize("combined", [None, "max_size_cycle"])
@@ -230,5 +282,20 @@ def test_resume_anywhere(config, data, tmp_path_factory):
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_checkpoint_written_in_any_hook(crash, num_workers, tmp_path):
     """Lightning runs the interrupted batch (or epoch start) again: it starts from the states it started with."""
-    config = Config(num_workers=num_workers, hook_draws=False)  # numpy/python are restored as of the checkpoint
+    config = Config(num_workers=num_workers)
     assert_exact(interrupt_and_resume(config, crash, tmp_path))
+
+
+@pytest.mark.parametrize("crash", [MID, EPOCH_END], ids=["mid", "epoch-end"])
+def test_stock_on_run_start_that_creates_the_iterator_again(crash, tmp_path, monkeypatch):
+    """The override runs the stock ``on_run_start`` after starting the resumed epoch's iterator. Before 2.5.3 (no
+    ``is_resuming``) the stock method creates the epoch's iterator again when the epoch loop is not restarting: the
+    resumed one must survive that. Emulated here by an ``is_resuming`` that is always false (an unchecked change,
+    hence the opt-out), on any supported release."""
+    loop_module = importlib.import_module(f"{NAMESPACE}.loops.loop")
+    monkeypatch.setattr(loop_module._Loop, "is_resuming", property(lambda self: False), raising=False)
+    monkeypatch.setenv("LIGHTNING_MIDEPOCH_UNVERIFIED", "1")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="lightning-midepoch has not been checked against")
+        comparison = interrupt_and_resume(Config(num_workers=2, persistent_workers=True), crash, tmp_path)
+    assert_exact(comparison)

@@ -128,3 +128,24 @@ def test_live_replay_keeps_the_states_still_across_iterator_creation():
     batches = [int(batch) for batch in loader]
     recorder.disarm()
     assert batches == expected
+
+
+def test_the_pass_after_a_resumed_pass_is_numbered_next():
+    """A loader cycling inside an epoch (max_size_cycle): after the resumed third pass comes the fourth."""
+    loader, recorder = _recorded_loader(shuffle=True)
+    recorder.start_epoch()
+    list(loader), list(loader)
+    next(iter(loader))
+    record = _PassRecord.from_state_dict(recorder.record.state_dict())
+    assert record.index == 2
+
+    loader, recorder = _recorded_loader(shuffle=True)
+    recorder.start_epoch()
+    recorder.arm(_Replay(record, skip=1, index=record.index))
+    with _rng.isolated_global():
+        iterator = iter(loader)
+    recorder.disarm()
+    assert len(list(iterator)) == len(loader) - 1
+    assert recorder.record.index == 2
+    list(loader)
+    assert recorder.record.index == 3

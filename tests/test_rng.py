@@ -8,7 +8,15 @@ import random
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 
 from lightning_midepoch import _rng
 
@@ -108,3 +116,77 @@ def test_restore_objects_reports_missing_paths():
 )
 def test_states_equal(first, second, equal):
     assert _rng.states_equal(first, second) is equal
+
+
+def _wrapped(sampler):
+    """``sampler`` as Lightning lays it out under DDP: inside a DistributedSamplerWrapper, inside a batch sampler."""
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+
+    return BatchSampler(DistributedSamplerWrapper(sampler, num_replicas=2, rank=0), 2, False)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda g: WeightedRandomSampler([1.0, 2.0, 3.0, 4.0], 4, generator=g),
+        lambda g: SubsetRandomSampler(range(4), generator=g),
+    ],
+    ids=["weighted", "subset"],
+)
+def test_find_rng_objects_behind_lightnings_distributed_wrapper(make):
+    generator = torch.Generator()
+    index_sampler = _wrapped(make(generator))
+    found = _rng.find_rng_objects({"index_sampler": index_sampler})
+    assert found == {"index_sampler.sampler.dataset._sampler.generator": generator}
+    # a second build of the same chain (a resumed run) gives the same path
+    assert list(_rng.find_rng_objects({"index_sampler": _wrapped(make(torch.Generator()))})) == list(found)
+
+
+def test_find_rng_objects_in_short_containers_and_under_any_name():
+    class Alternating(Sampler[int]):
+        def __init__(self) -> None:
+            self.parts = [RandomSampler(range(3), generator=torch.Generator()), SequentialSampler(range(3))]
+            self.coin = random.Random(1)
+            self.streams = {"noise": np.random.default_rng(2)}
+
+    sampler = Alternating()
+    found = _rng.find_rng_objects({"index_sampler": sampler})
+    assert found == {
+        "index_sampler.coin": sampler.coin,
+        "index_sampler.streams.noise": sampler.streams["noise"],
+        "index_sampler.parts.0.generator": sampler.parts[0].generator,
+    }
+
+
+def test_find_rng_objects_skips_live_iterators_and_data():
+    generator = torch.Generator()
+    loader = DataLoader(list(range(40)), batch_size=2, shuffle=True, generator=generator)
+    iter(loader)  # a live iterator keeps the index sampler too: not part of the chain
+    assert _rng.find_rng_objects({"loader": loader}) == {"loader.generator": generator}
+
+
+def test_out_of_reach_names_where_the_search_stops():
+    index_sampler = _wrapped(RandomSampler(range(4), generator=torch.Generator()))
+    assert _rng.out_of_reach({"index_sampler": index_sampler}) == []
+    assert _rng.find_rng_objects({"index_sampler": index_sampler}, depth=2) == {}
+    assert _rng.out_of_reach({"index_sampler": index_sampler}, depth=2) == ["index_sampler.sampler.dataset._sampler"]
+
+
+def test_restore_global_restores_cuda_states_for_as_many_devices(monkeypatch):
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
+    states = [torch.zeros(16, dtype=torch.uint8), torch.ones(16, dtype=torch.uint8)]
+    assert _rng.restore_global({"cuda": states}) is None
+    assert restored == [states]
+
+
+@pytest.mark.parametrize(("available", "devices"), [(True, 1), (True, 3), (False, 0)])
+def test_restore_global_reports_skipped_cuda_states(available, devices, monkeypatch):
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: devices)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
+    assert _rng.restore_global({"cuda": [torch.zeros(16, dtype=torch.uint8)] * 2}) == devices
+    assert restored == []

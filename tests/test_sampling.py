@@ -207,7 +207,8 @@ def test_unverified_fast_path_falls_back_to_islice(monkeypatch):
     _assert_same_as_islice(lambda: RandomSampler(range(9)), 4)
 
 
-def test_fast_paths_are_verified_against_this_torch():
+def test_fast_paths_are_verified_against_this_torch(monkeypatch):
+    monkeypatch.setattr(_sampling, "_VERIFIED", {})  # checked now, whatever this process already checked
     assert all(_sampling._verified(cls) for cls, _ in _sampling._FAST_PATHS)
 
 
@@ -215,3 +216,32 @@ def test_fast_paths_are_verified_against_this_torch():
 def test_bad_start(start):
     with pytest.raises(ValueError, match="non-negative integer"):
         fast_forward(range(3), start)
+
+
+def _one_item_late(sampler, start):
+    return itertools.islice(iter(sampler), start + 1, None)
+
+
+def _one_draw_more(sampler, start):
+    rest = list(itertools.islice(iter(sampler), start, None))
+    torch.rand(1, generator=sampler.generator)  # the right items, but the generator ends elsewhere
+    return iter(rest)
+
+
+@pytest.mark.parametrize("wrong_path", [_one_item_late, _one_draw_more])
+def test_a_fast_path_that_differs_from_torch_is_not_used(wrong_path, monkeypatch):
+    """The check against the installed torch rejects a path that yields other items or leaves another state."""
+    paths = tuple((cls, wrong_path if cls is RandomSampler else path) for cls, path in _sampling._FAST_PATHS)
+    monkeypatch.setattr(_sampling, "_FAST_PATHS", paths)
+    monkeypatch.setattr(_sampling, "_VERIFIED", {})
+    assert _sampling._fast_path(RandomSampler(range(3))) is None
+    assert _sampling._fast_path(SequentialSampler(range(3))) is _sampling._sequential_from
+    _assert_same_as_islice(lambda: RandomSampler(range(9), generator=torch.Generator().manual_seed(2)), 4)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("rank", [0, 1, 2])
+@pytest.mark.parametrize("n", [22, 23, 24], ids=["padding-2", "padding-1", "no-padding"])
+def test_distributed_sampler_padding_on_every_rank(n, rank, shuffle):
+    """The repeated samples that make the epoch divisible by the number of ranks land on the same ranks."""
+    _assert_same_as_islice(lambda: DistributedSampler(range(n), num_replicas=3, rank=rank, shuffle=shuffle, seed=1), 3)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import signal
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -11,8 +13,9 @@ from typing import Any
 import pytest
 import torch
 
+from gather_job import rank_state
 from harness import NAMESPACE, Comparison, Config, L, Model, ModelCheckpoint, assert_exact, assert_same_state, run
-from lightning_midepoch import MidEpochResume
+from lightning_midepoch import MidEpochResume, _saving
 from lightning_midepoch import _state as S
 from lightning_midepoch._saving import gather
 
@@ -136,6 +139,70 @@ def test_gather_on_one_process_is_the_rank_itself():
     state = {"rng": {}}
     assert gather(state, rank=0, world_size=1, own_only=False) == [state]
     assert gather(state, rank=1, world_size=2, own_only=True) == [state]  # no process group: nothing to exchange
+
+
+def _assert_identical(received: Any, sent: Any, where: str = "state") -> None:
+    """The same nested structure, with tensors of the same dtype, shape and bytes (NaN and -0.0 included)."""
+    assert type(received) is type(sent), where
+    if isinstance(sent, torch.Tensor):
+        assert (received.dtype, received.shape) == (sent.dtype, sent.shape), where
+        assert received.contiguous().view(-1).view(torch.uint8).tolist() == (
+            sent.contiguous().view(-1).view(torch.uint8).tolist()
+        ), where
+    elif isinstance(sent, dict):
+        assert list(received) == list(sent), where
+        for key in sent:
+            _assert_identical(received[key], sent[key], f"{where}[{key!r}]")
+    elif isinstance(sent, (list, tuple)):
+        assert len(received) == len(sent), where
+        for index, (r, s) in enumerate(zip(received, sent)):
+            _assert_identical(r, s, f"{where}[{index}]")
+    else:
+        assert received == sent, where
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_gather_brings_every_ranks_state_to_rank_0_exactly(world_size, tmp_path):
+    """Real gloo processes: rank 0 gets each rank's state bitwise (bfloat16, NaN, strided); the others get nothing."""
+    job = Path(__file__).resolve().parent / "gather_job.py"
+    processes = [
+        subprocess.Popen([sys.executable, str(job), str(tmp_path), str(rank), str(world_size)], stderr=subprocess.PIPE)
+        for rank in range(world_size)
+    ]
+    for process in processes:
+        _, error = process.communicate(timeout=120)
+        assert process.returncode == 0, error.decode()[-3000:]
+    results = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in range(world_size)]
+    assert len(results[0]["gathered"]) == world_size
+    for rank, result in enumerate(results):
+        _assert_identical(results[0]["gathered"][rank], result["sent"], f"rank {rank}'s state on rank 0")
+    assert not torch.equal(results[0]["sent"]["grads"]["weight"], results[1]["sent"]["grads"]["weight"])
+    for rank in range(1, world_size):
+        others = [state for index, state in enumerate(results[rank]["gathered"]) if index != rank]
+        assert others == [None] * (world_size - 1)
+        _assert_identical(results[rank]["gathered"][rank], results[rank]["sent"])
+
+
+def test_a_state_sent_point_to_point_arrives_bitwise(monkeypatch):
+    """The messages of one rank's state, passed through a queue in this process: the same state comes out."""
+    queue: list[torch.Tensor] = []
+
+    def send(tensor: torch.Tensor, dst: int) -> None:
+        assert dst == 0
+        queue.append(tensor.clone())
+
+    def recv(tensor: torch.Tensor, src: int) -> None:
+        assert src == 1
+        tensor.copy_(queue.pop(0))
+
+    monkeypatch.setattr(torch.distributed, "send", send)
+    monkeypatch.setattr(torch.distributed, "recv", recv)
+    sent = rank_state(1)
+    _saving._send(sent, torch.device("cpu"))
+    nonempty = [value for value in sent["grads"].values() if value.numel()]
+    assert len(queue) == 2 + 2 + len(nonempty)  # header size, header, torch's RNG state, a generator's, each gradient
+    _assert_identical(_saving._receive(1, torch.device("cpu")), sent)
+    assert queue == []
 
 
 def test_modelcheckpoints_last_written_when_max_steps_stopped_the_epoch_continues_it(tmp_path):

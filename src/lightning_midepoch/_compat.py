@@ -5,18 +5,31 @@ written against the private attributes listed here. They are checked on the trai
 is set up, so that an unsupported Lightning fails with one clear message instead of an ``AttributeError`` deep inside
 a training loop. Both namespaces (``lightning.pytorch`` and ``pytorch_lightning``) are served: whatever is needed is
 looked up in the namespace the trainer comes from, never imported from one the user may not have installed.
+
+A name that is still there can still mean something else: the stock methods the overrides replace, call or copy
+(:data:`CHECKED_METHODS`) are also compared, by a fingerprint of their source, with those of every release in the
+supported range (recorded in :mod:`lightning_midepoch._fingerprints` by ``tools/fingerprints.py``). A release that
+changed one of them is refused until the overrides are checked against it, unless the user opts out with
+``LIGHTNING_MIDEPOCH_UNVERIFIED=1`` (a warning then).
 """
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import importlib
+import inspect
+import os
 import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from packaging.version import Version
+
+from lightning_midepoch import _fingerprints
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -35,7 +48,6 @@ REQUIRED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
         "_data_fetcher",
         "_combined_loader",
         "_last_train_dl_reload_epoch",
-        "_loaded_from_state_dict",
         "epoch_progress",
         "restarted_mid_epoch",
         "restarted_on_epoch_end",
@@ -50,8 +62,6 @@ REQUIRED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
     ),
     "epoch_loop": (
         "_batches_that_stepped",
-        "_on_before_fetch",
-        "_on_after_fetch",
         "_should_accumulate",
         "_num_ready_batches_reached",
         "batch_progress",
@@ -63,6 +73,20 @@ REQUIRED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
         "reset",
     ),
 }
+
+#: Private names of the fetchers and combined_loader modules (checked with the fetcher).
+REQUIRED_MODULE_ATTRIBUTES = ("_DataLoaderIterDataFetcher", "_SUPPORTED_MODES")
+
+#: Private names used on objects the checks above cannot reach before training (Lightning's, torch's and Python's).
+OTHER_PRIVATE_NAMES = (
+    "_DataFetcher",  # the base of the fetcher override (annotations only)
+    "_FitLoop",  # the base of the fit loop override (annotations only)
+    "_TrainingEpochLoop",  # the base of the epoch loop override (annotations only)
+    "_iterator",  # the CombinedLoader's mode iterator, and a DataLoader's persistent-workers iterator
+    "_idx",  # the CombinedLoader mode iterator's batch index
+    "_reconstructor",  # copyreg's: how a stock loop object pickles
+    "_ex_iterable",  # Hugging Face datasets' IterableDataset: its chain of example iterables (unsaved_buffer)
+)
 
 #: Private attributes of the train data fetcher (created inside ``setup_data``, checked when it is taken over) and of
 #: the ``CombinedLoader`` it iterates.
@@ -76,7 +100,61 @@ REQUIRED_FETCHER_ATTRIBUTES = (
     "_start_profiler",
     "_stop_profiler",
 )
+#: Read where the fetcher has it: the batches a ``_PrefetchDataFetcher`` fetched ahead (other fetchers have none).
+OPTIONAL_FETCHER_ATTRIBUTES = ("batches",)
 REQUIRED_COMBINED_LOADER_ATTRIBUTES = ("_iterator", "_mode", "_limits", "flattened")
+
+#: Where unchecked Lightning releases are allowed (a warning instead of the error): set to ``1``.
+UNVERIFIED_ENV = "LIGHTNING_MIDEPOCH_UNVERIFIED"
+
+#: The stock methods whose fingerprints are checked: ``"module:Class.method"`` under the trainer package
+#: (``lightning.pytorch`` or ``pytorch_lightning``). Every method the overrides replace and call through ``super()``,
+#: every one whose body they copy or complete (``on_run_start``, ``__iter__``, ``CombinedLoader.__iter__``), and every
+#: one whose internals they rely on (the fetchers' profiler call sites, the restart stages, the progress counters,
+#: when the loaded checkpoint is there).
+CHECKED_METHODS = (
+    "loops.loop:_Loop.load_state_dict",
+    "loops.loop:_Loop.restarting",
+    "loops.loop:_Loop.is_resuming",  # absent before 2.5.3; the stock on_run_start reads it from then on
+    "loops.loop:_Loop.on_iteration_done",
+    "loops.fit_loop:_FitLoop.setup_data",
+    "loops.fit_loop:_FitLoop.reset",
+    "loops.fit_loop:_FitLoop.on_advance_start",
+    "loops.fit_loop:_FitLoop.on_advance_end",
+    "loops.fit_loop:_FitLoop.update_restart_stage",
+    "loops.fit_loop:_FitLoop.restarted_mid_epoch",
+    "loops.fit_loop:_FitLoop.restarted_on_epoch_end",
+    "loops.fit_loop:_FitLoop.restarted_on_epoch_start",
+    "loops.training_epoch_loop:_TrainingEpochLoop.reset",
+    "loops.training_epoch_loop:_TrainingEpochLoop.on_run_start",
+    "loops.training_epoch_loop:_TrainingEpochLoop.advance",
+    "loops.training_epoch_loop:_TrainingEpochLoop.on_advance_end",
+    "loops.training_epoch_loop:_TrainingEpochLoop.update_restart_stage",
+    "loops.training_epoch_loop:_TrainingEpochLoop.reset_restart_stage",
+    "loops.training_epoch_loop:_TrainingEpochLoop.restarted_on_train_batch_end",
+    "loops.training_epoch_loop:_TrainingEpochLoop._should_accumulate",
+    "loops.training_epoch_loop:_TrainingEpochLoop._num_ready_batches_reached",
+    "loops.progress:_ReadyCompletedTracker.reset",
+    "loops.progress:_StartedTracker.reset",
+    "loops.progress:_ProcessedTracker.reset",
+    "loops.progress:_Progress.increment_completed",
+    "loops.fetchers:_DataFetcher.setup",
+    "loops.fetchers:_DataFetcher.__iter__",
+    "loops.fetchers:_DataFetcher.__next__",
+    "loops.fetchers:_DataFetcher.reset",
+    "loops.fetchers:_PrefetchDataFetcher.__iter__",
+    "loops.fetchers:_PrefetchDataFetcher.__next__",
+    "loops.fetchers:_DataLoaderIterDataFetcher.__iter__",
+    "loops.fetchers:_DataFetcherWrapper.__next__",
+    "utilities.combined_loader:CombinedLoader.__iter__",
+    "utilities.combined_loader:CombinedLoader.__next__",
+    "utilities.combined_loader:_ModeIterator.__init__",
+    "trainer.connectors.checkpoint_connector:_CheckpointConnector.restore_loops",
+    "trainer.connectors.checkpoint_connector:_CheckpointConnector.resume_end",
+)
+
+#: The fingerprint of a method the release does not define (where that is one of the accepted versions).
+ABSENT = "absent"
 
 #: The warning stock Lightning gives when it resumes mid-epoch without a resumable loader; ours replaces it.
 STOCK_NOT_RESUMABLE_WARNING = "You're resuming from a checkpoint that ended before the epoch ended"
@@ -94,20 +172,42 @@ def lightning_version(obj: object) -> str:
 
 
 def check_supported(trainer: Trainer) -> None:
-    """Fail clearly if the trainer's Lightning is outside the supported range or lacks a private name we use.
+    """Fail clearly if the trainer's Lightning is outside the range, lacks a name we use, or changed a method we use.
+
+    The methods are :data:`CHECKED_METHODS`, the stock methods the overrides depend on.
+
+    With ``LIGHTNING_MIDEPOCH_UNVERIFIED=1`` in the environment, an unsupported version or a changed method is a
+    warning instead: for a user who must run a release this package has not been checked against.
 
     Raises:
-        RuntimeError: Naming the installed version, the supported range and anything missing.
+        RuntimeError: Naming the installed version, the supported range and anything missing or changed.
 
     """
     package = namespace(trainer)
     installed = lightning_version(trainer)
+    problem = ""
     if not SUPPORTED_MIN <= Version(installed) < SUPPORTED_BELOW:
-        raise RuntimeError(
-            f"lightning-midepoch supports {package} {SUPPORTED_RANGE}, but {package} {installed} is installed."
-            f" Install a supported release (`pip install '{package}{SUPPORTED_RANGE}'`) or remove the"
-            " MidEpochResume callback."
+        problem = f"lightning-midepoch supports {package} {SUPPORTED_RANGE}, but {package} {installed} is installed."
+    else:
+        changed = changed_methods(_pytorch_module(trainer))
+        if changed:
+            problem = (
+                f"lightning-midepoch has not been checked against {package} {installed}: its {', '.join(changed)}"
+                f" differ{'s' if len(changed) == 1 else ''} from the stock code of every release of the supported"
+                f" range {package}{SUPPORTED_RANGE} that it was checked against (the overrides replace or rely on"
+                " it, so a resume could go wrong without an error)."
+            )
+    if problem:
+        fix = (
+            f" Install a checked release (`pip install '{package}{SUPPORTED_RANGE}'`, {_fingerprints.CHECKED}) or"
+            " remove the MidEpochResume callback"
         )
+        if os.environ.get(UNVERIFIED_ENV) == "1":
+            warn(f"{problem}{fix}. Running anyway because {UNVERIFIED_ENV}=1 is set.", trainer, set())
+        else:
+            raise RuntimeError(
+                f"{problem}{fix}; to run anyway at your own risk, set the environment variable {UNVERIFIED_ENV}=1."
+            )
     objects = {
         "trainer": trainer,
         "checkpoint_connector": getattr(trainer, "_checkpoint_connector", None),
@@ -126,6 +226,131 @@ def check_supported(trainer: Trainer) -> None:
             f" Supported releases are {package}{SUPPORTED_RANGE}. If you replaced the fit loop with your own, keep"
             " Lightning's attributes on it."
         )
+
+
+def changed_methods(package: str) -> list[str]:
+    """The :data:`CHECKED_METHODS` of the trainer package ``package`` whose fingerprint is none of the accepted ones.
+
+    Example:
+        >>> changed_methods("lightning.pytorch")
+        []
+
+    """
+    changed = []
+    for path in CHECKED_METHODS:
+        module_name, qualname = path.split(":")
+        module = importlib.import_module(f"{package}.{module_name}")
+        if live_fingerprint(module, qualname) not in _fingerprints.FINGERPRINTS.get(path, {}):
+            changed.append(f"`{qualname}` ({package}.{module_name})")
+    return changed
+
+
+def live_fingerprint(module: object, qualname: str) -> str:
+    """The fingerprint of method ``qualname`` (``"Class.method"``) as the imported ``module`` has it now.
+
+    A property's getter stands for the property. The method is read from the class itself (not inherited), so that
+    a release that moves it shows as changed. :data:`ABSENT` if the class does not define it; ``"unreadable"`` if
+    its source cannot be read.
+    """
+    class_name, name = qualname.split(".")
+    attribute = vars(getattr(module, class_name, type)).get(name)
+    if attribute is None:
+        return ABSENT
+    function: Any = attribute.fget if isinstance(attribute, property) else attribute
+    try:
+        filename = inspect.getsourcefile(function)
+        first_line = function.__code__.co_firstlineno
+    except (TypeError, AttributeError):
+        return "unreadable"
+    for node in ast.walk(_parsed(filename or "")):
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name == function.__name__
+            and min([node.lineno] + [decorator.lineno for decorator in node.decorator_list]) == first_line
+        ):
+            return fingerprint(node)
+    return "unreadable"
+
+
+def source_fingerprint(source: str, qualname: str) -> str:
+    r"""The fingerprint of method ``qualname`` (``"Class.method"``) in a module's source.
+
+    What :func:`live_fingerprint` finds once the module is imported; ``tools/fingerprints.py`` reads releases' wheels
+    with it.
+
+    Example:
+        >>> source = "class A:\n @property\n def x(self):\n  return 1\n @x.setter\n def x(self, v): ..."
+        >>> source_fingerprint(source, "A.x") == fingerprint(ast.parse(source).body[0].body[0])
+        True
+        >>> source_fingerprint(source, "A.y")
+        'absent'
+
+    """
+    class_name, name = qualname.split(".")
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            defs = [
+                item
+                for item in node.body
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == name
+            ]
+            # a property's getter (its setter, defined later under the same name, does not replace it)
+            getters = [
+                item
+                for item in defs
+                if any(isinstance(d, ast.Name) and d.id == "property" for d in item.decorator_list)
+            ]
+            if defs:
+                return fingerprint(getters[0] if getters else defs[-1])
+    return ABSENT
+
+
+@cache
+def _parsed(filename: str) -> ast.Module:
+    try:
+        with open(filename, encoding="utf-8") as file:
+            return ast.parse(file.read())
+    except (OSError, SyntaxError, ValueError):
+        return ast.Module(body=[], type_ignores=[])
+
+
+def fingerprint(function: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    r"""A hash of a function's syntax tree: its code, not its docstring, comments, layout or Python's bytecode.
+
+    The tree is written out by hand (names of nodes and fields, values of constants), leaving out what varies
+    between Python versions without changing the code: empty or missing optional fields, load/store contexts,
+    type comments and type parameters.
+
+    Example:
+        >>> def parse(source):
+        ...     return ast.parse(source).body[0]
+        >>> fingerprint(parse("def f(x):\n    'Doc.'\n    return x + 1  # one")) == fingerprint(
+        ...     parse("def f(x):\n    return (x +\n            1)"))
+        True
+        >>> fingerprint(parse("def f(x):\n    return x + 1")) == fingerprint(parse("def f(x):\n    return x - 1"))
+        False
+
+    """
+    body = function.body
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        body = body[1:]
+    header = _canonical([function.name, function.args, function.decorator_list, function.returns])
+    text = f"{type(function).__name__}({header},{_canonical(body)})"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _canonical(node: object) -> str:
+    if isinstance(node, ast.AST):
+        fields = [
+            f"{name}={_canonical(value)}"
+            for name, value in ast.iter_fields(node)
+            if name not in ("ctx", "type_comment", "type_params", "kind") and value is not None and value != []
+        ]
+        return f"{type(node).__name__}({','.join(fields)})"
+    if isinstance(node, list):
+        return f"[{','.join(_canonical(item) for item in node)}]"
+    return repr(node)
 
 
 def check_fetcher(fetcher: object) -> None:
@@ -186,6 +411,11 @@ def move_batch_progress(progress: Any, ready: int) -> None:
             setattr(tracker, name, ready if value is None else getattr(tracker, name) + value)
 
 
+def workers_started(loader: Any) -> bool:
+    """Whether a ``DataLoader`` with persistent workers has started them (torch keeps them in ``_iterator``)."""
+    return getattr(loader, "_iterator", None) is not None
+
+
 def has_callback(trainer: Trainer, name: str) -> bool:
     """Whether one of the trainer's callbacks is (a subclass of) Lightning's public callback ``name``."""
     stock = getattr(importlib.import_module(f"{_pytorch_module(trainer)}.callbacks"), name)
@@ -195,11 +425,6 @@ def has_callback(trainer: Trainer, name: str) -> bool:
 def _pytorch_module(obj: object) -> str:
     """Where the object's Lightning keeps its trainer package: ``lightning.pytorch`` or ``pytorch_lightning``."""
     return "lightning.pytorch" if namespace(obj) == "lightning" else "pytorch_lightning"
-
-
-def is_resuming(trainer: Trainer) -> bool:
-    """The fit loop's ``is_resuming`` (Lightning 2.6; 2.5 lacks it and re-creates the iterator, which 2.6 fixed)."""
-    return bool(getattr(trainer.fit_loop, "is_resuming", False))
 
 
 def restoring_checkpoint(trainer: Trainer) -> bool:
@@ -280,3 +505,31 @@ def stock_warning_suppressed() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=STOCK_NOT_RESUMABLE_WARNING)
         yield
+
+
+def unsaved_buffer(dataset: object) -> str | None:
+    """What an iterable dataset holds that its own ``state_dict()`` leaves out, if known: a shuffle buffer.
+
+    Hugging Face's ``datasets.IterableDataset.shuffle(buffer_size=...)`` draws from a buffer of examples that its
+    state does not hold: a restored dataset refills it, so examples of the interrupted epoch are lost and others are
+    seen twice. The buffer is an example iterable with a ``buffer_size`` along the dataset's chain of them
+    (``_ex_iterable``, then ``ex_iterable``/``ex_iterables``; read from ``datasets`` 5.2.0, duck-typed).
+
+    Example:
+        >>> unsaved_buffer(range(3)) is None
+        True
+
+    """
+    pending = [getattr(dataset, "_ex_iterable", None)]
+    for _ in range(64):  # a chain of example iterables (mapped, filtered, interleaved, ...), bounded
+        if not pending:
+            break
+        node = pending.pop()
+        size = getattr(node, "buffer_size", None)
+        if isinstance(size, int):
+            return f"a shuffle buffer of {size} examples"
+        pending.append(getattr(node, "ex_iterable", None))
+        children = getattr(node, "ex_iterables", None)
+        pending += list(children) if isinstance(children, (list, tuple)) else []
+        pending = [child for child in pending if child is not None]
+    return None

@@ -48,11 +48,28 @@ def global_order(
     generator: torch.Generator | None = None
     if spec["own_generator"]:
         generator = torch.Generator()
-        torch_states = [state for state in states["objects"].values() if state.get("kind") == "torch"]
-        generator.set_state(torch_states[0]["state"])
+        generator.set_state(_sampler_generator_state(spec, states["objects"])["state"])
     with _rng.isolated_global():
         _rng.restore_global(states["global"])
         return [int(i) for i in RandomSampler(range(dataset_length), generator=generator)]
+
+
+def _sampler_generator_state(spec: Mapping[str, Any], objects: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The recorded state of the sampler's own generator (the DataLoader may own another one, drawn from first).
+
+    The spec names its path; a spec saved before it did is read as the walk lays generators out: the loader's own
+    first, then its sampler's.
+    """
+    named = spec.get("generator")
+    if named is not None and named in objects:
+        return objects[named]  # type: ignore[no-any-return]
+    torch_states: dict[str, Mapping[str, Any]] = {
+        path: state for path, state in objects.items() if state.get("kind") == "torch"
+    }
+    for path, state in torch_states.items():
+        if path.endswith("sampler.generator"):
+            return state
+    return next(iter(torch_states.values()))
 
 
 def per_rank(total: int, world_size: int, drop_last: bool) -> int:

@@ -82,6 +82,9 @@ class _ResumableDataFetcher(_DataFetcherBase):
     @override
     def __iter__(self) -> Any:
         session = self._midepoch
+        if session.iterator_started:
+            # the stock epoch loop's iter() right after the resumed epoch's iterator was started: keep that one
+            return self
         if session.hold_next_iter:
             # the first iterator after a resume: started by the epoch loop once it knows where the epoch continues
             session.hold_next_iter = False

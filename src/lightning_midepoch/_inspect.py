@@ -621,11 +621,19 @@ def _analyse_state(report: Report, checkpoint: Mapping[str, Any], raw_state: obj
             f" differs; {_ON_MISMATCH} continues the epoch from a fresh order instead."
         )
         report.conditions.append(_elastic_condition(state[S.KEY_LOADERS], world_size))
+    if point.saved_at == IN_BATCH:
+        report.conditions.append(
+            "It was written inside a batch: Lightning runs that batch again, from the random states (torch, numpy,"
+            " Python) it started with. Not exact where training_step takes dataloader_iter (a step that pulls its own"
+            " batches: the resumed run warns) or after a backward pass whose gradients an optimizer step had not"
+            " used yet (they are added again: a warning said so when the checkpoint was written)."
+        )
     grads = [rank.get(S.KEY_GRADS) for rank in state[S.KEY_RANKS] if isinstance(rank, Mapping)]
     if any(grads):
         report.conditions.append(
-            "It was written inside a gradient accumulation group: the partial gradients are saved and restored on"
-            f" the same number of devices ({world_size}); on another number they are dropped and the group restarts."
+            "It holds gradients not yet used by an optimizer step (inside a gradient accumulation group, or between"
+            " manual optimization's backward passes and its step): they are saved and restored on the same number"
+            f" of devices ({world_size}); on another number they are dropped and the group restarts."
         )
 
 

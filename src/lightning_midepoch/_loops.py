@@ -4,7 +4,8 @@ These are mixins, put in front of the trainer's own loop classes on one trainer 
 classes themselves are never changed. What they change with respect to stock Lightning, on resume only:
 
 * ``_TrainingEpochLoop.on_run_start`` starts the held-back iterator of the resumed epoch after the sampler epoch is
-  set, with every train loader fast-forwarded past its consumed batches at the sampler level.
+  set, with every train loader fast-forwarded past its consumed batches at the sampler level, then runs the stock
+  method (which keeps that iterator).
 * A checkpoint written in ``on_train_batch_end`` interrupted the rest of that batch (the validation due after it,
   the step-interval plateau schedulers): stock Lightning skips it, and at an epoch's last batch also skips the
   epoch's end. Here the loop finishes that batch, and that epoch, as the uninterrupted run did.
@@ -135,15 +136,18 @@ class _ResumableTrainingEpochLoop(_EpochLoopBase):
     @override
     def on_run_start(self, data_fetcher: _DataFetcher) -> None:
         session = self._midepoch
-        if session.iterator_held:
-            session.start_resumed_epoch(self, data_fetcher)
-        elif self.trainer.current_epoch > 0 and not self.restarting and not _compat.is_resuming(self.trainer):
-            # as stock Lightning 2.6 does: an epoch after a restore (the fit loop's own or a tuner's) already has its
-            # iterator from setup_data
-            iter(data_fetcher)
-        data_fetcher.fetched += self.batch_progress.current.ready
-        data_fetcher._start_profiler = self._on_before_fetch
-        data_fetcher._stop_profiler = self._on_after_fetch
+        if not session.iterator_held:
+            super().on_run_start(data_fetcher)
+            return
+        # the first epoch after a resume: its iterator is started here, where the epoch continues; then the stock
+        # method does the rest. Where it would create the epoch's iterator again (before 2.5.3, which has no
+        # `is_resuming`, when the epoch loop is not restarting), that iter() keeps the one just started.
+        session.start_resumed_epoch(self, data_fetcher)
+        session.iterator_started = True
+        try:
+            super().on_run_start(data_fetcher)
+        finally:
+            session.iterator_started = False
 
     @override
     def advance(self, data_fetcher: _DataFetcher) -> None:

@@ -13,13 +13,18 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import Sampler
 
 _RNGState = dict[str, Any]
 
-#: Attribute names searched for random number generators owned by a sampler, batch sampler or DataLoader.
+#: Attribute names looked at first for random number generators (the paths earlier releases saved come first).
 _OWNER_ATTRS = ("generator", "rng", "_rng", "random_state", "_generator")
-#: Attribute names followed from a batch sampler to the sampler it wraps.
+#: Attribute names followed first from a batch sampler to the sampler it wraps.
 _CHILD_ATTRS = ("sampler", "batch_sampler")
+#: How many links of a sampler chain are followed from a root (a DataLoader, its index sampler).
+_DEPTH = 6
+#: Lists, tuples and dicts with at most this many items are searched too (longer ones hold data).
+_CONTAINER_ITEMS = 16
 
 
 def _numpy_array_to_state(array: Any) -> dict[str, Any]:
@@ -118,11 +123,16 @@ def capture_torch() -> _RNGState:
     return state
 
 
-def restore_global(state: Mapping[str, Any]) -> None:
+def restore_global(state: Mapping[str, Any]) -> int | None:
     """Set the process-wide generators to a state returned by :func:`capture_global`.
 
     Components missing from ``state`` are left alone. CUDA states are restored only when the number of devices
     matches the number captured.
+
+    Returns:
+        None, or the number of CUDA devices this process sees when ``state`` holds CUDA states it did not restore
+        (the caller says so: GPU draws then differ).
+
     """
     if "torch" in state:
         torch.set_rng_state(state["torch"])
@@ -131,8 +141,13 @@ def restore_global(state: Mapping[str, Any]) -> None:
     if "numpy" in state:
         _set_numpy_global_state(state["numpy"])
     cuda_states = state.get("cuda")
-    if cuda_states and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda_states):
-        torch.cuda.set_rng_state_all(cuda_states)
+    if not cuda_states:
+        return None
+    devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if devices != len(cuda_states):
+        return devices
+    torch.cuda.set_rng_state_all(cuda_states)
+    return None
 
 
 @contextmanager
@@ -160,41 +175,106 @@ def _is_rng_object(value: Any) -> bool:
     return isinstance(value, (np.random.Generator, np.random.RandomState))
 
 
-def find_rng_objects(roots: Mapping[str, Any], depth: int = 3) -> dict[str, Any]:
-    """Find the random number generator objects owned by data-loading objects.
+def _attributes(obj: Any) -> dict[str, Any]:
+    attrs = getattr(obj, "__dict__", None)
+    return attrs if isinstance(attrs, dict) else {}
 
-    Looks at the attributes listed in ``_OWNER_ATTRS`` of each root and, following ``sampler``/``batch_sampler``,
-    of the objects they wrap. The same generator reached twice is reported once, under its first path.
+
+def _members(obj: Any) -> list[tuple[str, Any]]:
+    """An object's attributes (the usual names first, then the others by name) and the items of its short containers.
+
+    The order is fixed by the names alone, so that the same objects get the same paths when a run is resumed.
+    """
+    attrs = _attributes(obj)
+    first = [name for name in (*_OWNER_ATTRS, *_CHILD_ATTRS) if name in attrs]
+    members: list[tuple[str, Any]] = []
+    for name in first + sorted(name for name in attrs if name not in first):
+        value = attrs[name]
+        members.append((name, value))
+        # a few samplers or generators kept together (a sampler that chains others); long ones hold data, not those
+        if isinstance(value, (list, tuple)) and len(value) <= _CONTAINER_ITEMS:
+            members += [(f"{name}.{index}", item) for index, item in enumerate(value)]
+        elif isinstance(value, dict) and len(value) <= _CONTAINER_ITEMS:
+            members += [(f"{name}.{key}", item) for key, item in value.items()]
+    return members
+
+
+def _is_link(name: str, value: Any) -> bool:
+    """Whether the walk follows ``value``: a sampler, or an object that keeps one (a dataset made of a sampler)."""
+    if value is None or _is_rng_object(value):
+        return False
+    if name in _CHILD_ATTRS or isinstance(value, Sampler):
+        return True
+    if isinstance(value, (type, Iterator)):  # a class, or a live iterator (a DataLoader's): not part of the chain
+        return False
+    return any(isinstance(item, Sampler) for item in _attributes(value).values())
+
+
+def _walk(roots: Mapping[str, Any], depth: int | None) -> tuple[dict[str, Any], list[str]]:
+    depth = _DEPTH if depth is None else depth
+    found: dict[str, Any] = {}
+    beyond: list[str] = []
+    seen: set[int] = set()
+    levels: dict[int, int] = {}  # the lowest level each object was visited at
+
+    def visit(path: str, obj: Any, level: int) -> None:
+        if levels.get(id(obj), depth + 1) <= level:
+            return
+        levels[id(obj)] = level
+        members = _members(obj)
+        for name, value in members:
+            if _is_rng_object(value) and id(value) not in seen:
+                seen.add(id(value))
+                found[f"{path}.{name}"] = value
+        for name, value in members:
+            if not _is_link(name, value):
+                continue
+            if level == depth:
+                beyond.append(f"{path}.{name}")
+            else:
+                visit(f"{path}.{name}", value, level + 1)
+
+    for root_name, root in roots.items():
+        visit(root_name, root, 0)
+    return found, beyond
+
+
+def find_rng_objects(roots: Mapping[str, Any], depth: int | None = None) -> dict[str, Any]:
+    """Find the random number generator objects kept along the sampler chains of data-loading objects.
+
+    Walks the attributes of each root and of the samplers it wraps, at any depth up to ``depth``: a batch sampler's
+    ``sampler``, a wrapper's inner sampler (Lightning's ``DistributedSamplerWrapper`` keeps the user's sampler in a
+    dataset it wraps), a few samplers kept in a list. The same generator reached twice is reported once, under its
+    first path; paths depend only on attribute names, so they are the same when the run is resumed.
 
     Args:
         roots: Named objects to search, e.g. ``{"loader": dataloader, "index_sampler": batch_sampler}``.
-        depth: How many ``sampler`` links to follow.
+        depth: How many links of a chain to follow (default ``_DEPTH``).
 
     Returns:
         A mapping from a dotted path such as ``"index_sampler.sampler.generator"`` to the generator object.
 
+    Example:
+        >>> from torch.utils.data import BatchSampler, RandomSampler
+        >>> generator = torch.Generator()
+        >>> batches = BatchSampler(RandomSampler(range(4), generator=generator), 2, drop_last=False)
+        >>> list(find_rng_objects({"index_sampler": batches}))
+        ['index_sampler.sampler.generator']
+
     """
-    found: dict[str, Any] = {}
-    seen: set[int] = set()
+    return _walk(roots, depth)[0]
 
-    def visit(path: str, obj: Any, level: int) -> None:
-        if obj is None or level > depth:
-            return
-        attrs = getattr(obj, "__dict__", None)
-        if not isinstance(attrs, dict):
-            return
-        for name in _OWNER_ATTRS:
-            value = attrs.get(name)
-            if value is not None and _is_rng_object(value) and id(value) not in seen:
-                seen.add(id(value))
-                found[f"{path}.{name}"] = value
-        for name in _CHILD_ATTRS:
-            if name in attrs:
-                visit(f"{path}.{name}", attrs[name], level + 1)
 
-    for root_name, root in roots.items():
-        visit(root_name, root, 0)
-    return found
+def out_of_reach(roots: Mapping[str, Any], depth: int | None = None) -> list[str]:
+    """The paths where :func:`find_rng_objects` stops although the chain goes on: generators beyond are not found.
+
+    Example:
+        >>> from torch.utils.data import BatchSampler, RandomSampler
+        >>> out_of_reach({"index_sampler": BatchSampler(RandomSampler(range(4)), 2, drop_last=False)}, depth=0)
+        ['index_sampler.sampler']
+
+    """
+    return _walk(roots, depth)[1]
 
 
 def _object_state(obj: Any) -> Any:

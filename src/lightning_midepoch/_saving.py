@@ -8,13 +8,14 @@ then, not what the process did afterwards. :func:`gather` brings every rank's pa
 
 from __future__ import annotations
 
+import pickle
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lightning_midepoch import _compat, _rng
+from lightning_midepoch import _compat, _rawstate, _rng
 from lightning_midepoch import _state as S
 from lightning_midepoch.__about__ import __version__
 
@@ -51,6 +52,7 @@ class Saver:
         self.dataset_history: dict[int, deque[Any]] = {}
         self.epoch_start: dict[str, Any] | None = None  # before on_train_epoch_start
         self.batch_start: dict[str, Any] | None = None  # torch's generators after the batch was fetched
+        self.batch_start_rest = _rawstate.BatchStartStates()  # ... and numpy's and Python's, read cheaply
         self.backward_done = False  # the current batch's backward has run
         self.stopped: Snapshot | None = None  # the training loop stopped before the epoch's end: the state then
 
@@ -66,8 +68,13 @@ class Saver:
         self.stopped = None
 
     def batch_started(self) -> None:
-        """Called right after every fetch: the batch starts (reading torch's states costs about a microsecond)."""
+        """Called right after every fetch: the batch starts.
+
+        Reading torch's states costs about a microsecond; numpy's and Python's are copied as raw bytes (a fraction of
+        that) and decoded only when a checkpoint written inside the batch needs them.
+        """
         self.batch_start = _rng.capture_torch()
+        self.batch_start_rest.take()
         self.backward_done = False
 
     def before_fetch(self) -> None:
@@ -102,15 +109,16 @@ class Saver:
             recorder.record.state_dict() if recorder is not None and recorder.record is not None else None
             for recorder in self.session.recorders
         ]
+        grads = self._partial_grads()
         rank_state = {
-            S.KEY_RNG: self._live_states(),
+            S.KEY_RNG: self._live_states(grads_pending=grads is not None),
             S.KEY_PASSES: passes,
             S.KEY_GENERATORS: [
                 _rng.capture_objects(recorder.rng_objects) if recorder is not None else None
                 for recorder in self.session.recorders
             ],
             S.KEY_DATASET_STATES: [self._dataset_state(index) for index in range(len(self.session.loaders))],
-            S.KEY_GRADS: self._partial_grads(),
+            S.KEY_GRADS: grads,
         }
         fetcher = self.session.fetcher
         fetched = 0
@@ -145,7 +153,7 @@ class Saver:
             return history[-pending]
         return self.session.loaders[index].dataset.state_dict()
 
-    def _live_states(self) -> dict[str, Any]:
+    def _live_states(self, grads_pending: bool) -> dict[str, Any]:
         """The states the resumed run continues from: now, unless Lightning will re-run what is in progress."""
         live = _rng.capture_global(include_cuda=True)
         fit_loop = self.session.trainer.fit_loop
@@ -156,25 +164,57 @@ class Saver:
             return self.epoch_start
         if batch.processed < batch.ready and self.batch_start is not None:  # type: ignore[attr-defined]
             # written inside a batch (on_train_batch_start, training_step, backward, optimizer step): a resumed run
-            # runs the batch again, from the torch states it started with
-            if self.backward_done and self.session.trainer.fit_loop.epoch_loop._should_accumulate():
-                _compat.warn(
-                    "A checkpoint was written after the backward pass of a batch inside a gradient accumulation"
-                    " group. Resuming it runs that batch again and adds its gradients a second time: the resumed run"
-                    " will differ slightly. Write checkpoints in on_train_batch_end (as ModelCheckpoint does).",
-                    self.session.trainer,
-                    self.session.warned,
-                )
-            return {**live, **self.batch_start}
+            # runs the batch again, from the states it started with
+            if self.backward_done and grads_pending:
+                self._warn_backward_rerun()
+            return {**live, **self.batch_start_rest.states(), **self.batch_start}
         return live
 
+    def _warn_backward_rerun(self) -> None:
+        if self.session.trainer.lightning_module.automatic_optimization:
+            message = (
+                "A checkpoint was written after the backward pass of a batch inside a gradient accumulation group."
+                " Resuming it runs that batch again and adds its gradients a second time: the resumed run will differ"
+                " slightly."
+            )
+        else:
+            message = (
+                "A checkpoint was written after a backward pass of a batch (manual optimization), with gradients not"
+                " yet used by an optimizer step. Resuming it runs that batch again: unless its training_step zeroes"
+                " the gradients before its backward pass, that batch's gradients are added a second time and the"
+                " resumed run will differ slightly."
+            )
+        _compat.warn(
+            f"{message} Write checkpoints in on_train_batch_end (as ModelCheckpoint does).",
+            self.session.trainer,
+            self.session.warned,
+        )
+
     def _partial_grads(self) -> dict[str, torch.Tensor] | None:
-        """Gradients accumulated so far in an unfinished accumulation group (not in Lightning's checkpoint)."""
+        """Gradients accumulated so far and not yet stepped with (Lightning's checkpoint does not hold them).
+
+        Under automatic optimization: inside an unfinished accumulation group. Under manual optimization the step
+        decides when it steps: whenever a gradient is not all zero bits (no pending gradients, the usual case at a
+        step's end, keeps the checkpoint small; all-zero gradients come back as ``None``, as they start in any fit).
+        """
         module = self.session.trainer.lightning_module
-        if not module.automatic_optimization or not self.session.trainer.fit_loop.epoch_loop._should_accumulate():
+        if module.automatic_optimization and not self.session.trainer.fit_loop.epoch_loop._should_accumulate():
             return None
-        grads = {name: p.grad.detach().cpu().clone() for name, p in module.named_parameters() if p.grad is not None}
-        return grads or None
+        pending = {name: p.grad for name, p in module.named_parameters() if p.grad is not None}
+        if not module.automatic_optimization and not any(map(_nonzero_bits, pending.values())):
+            return None
+        return {name: grad.detach().cpu().clone() for name, grad in pending.items()} or None
+
+
+def _nonzero_bits(tensor: torch.Tensor) -> bool:
+    """Whether any element of ``tensor`` has a bit set (``-0.0`` counts: it is not the zero a fresh fit starts from).
+
+    Example:
+        >>> _nonzero_bits(torch.zeros(3)), _nonzero_bits(torch.tensor([0.0, -0.0])), _nonzero_bits(torch.ones(()))
+        (False, True, True)
+
+    """
+    return bool(tensor.detach().reshape(-1).view(torch.uint8).any())
 
 
 def _saves_dataset_state(loader: Any) -> bool:
@@ -185,6 +225,11 @@ def _saves_dataset_state(loader: Any) -> bool:
 
 def gather(rank_state: dict[str, Any], rank: int, world_size: int, own_only: bool) -> list[dict[str, Any] | None]:
     """Every rank's state in global rank order, on rank 0, which writes the checkpoint; other ranks get their own.
+
+    Rank 0 receives the other ranks' states one rank at a time, each tensor straight into a tensor of its own
+    (:func:`_send` and :func:`_receive`); no rank pickles a tensor, so none but the writing one calls ``torch.save``,
+    as in stock Lightning. Rank 0 holds its own state, the states received so far and one message; every other rank
+    sends its state from where it lies and receives nothing.
 
     Example:
         >>> gather({"rng": {}}, rank=0, world_size=1, own_only=False)
@@ -197,56 +242,101 @@ def gather(rank_state: dict[str, Any], rank: int, world_size: int, own_only: boo
     states[rank] = rank_state
     if own_only:
         return states  # each rank's checkpoint holds its own states only
-    # sent to the writing rank only, so that no rank holds every rank's partial gradients; tensors travel as bytes
-    # (pickling a tensor calls torch.save, which no rank but the writing one calls in stock Lightning)
-    received: list[Any] | None = [None] * world_size if rank == 0 else None
-    torch.distributed.gather_object(_to_wire(rank_state), received, dst=0)
-    if received is None:
+    device = _message_device()
+    if rank != 0:
+        _send(rank_state, device)
         return states
-    return [_from_wire(state) for state in received]
+    for source in range(1, world_size):
+        states[source] = _receive(source, device)
+    return states
+
+
+def _message_device() -> torch.device:
+    """Where point-to-point messages must lie: the CPU for gloo (and MPI), this rank's GPU for NCCL.
+
+    NCCL moves CUDA tensors only (Lightning's DDP on GPUs uses it); torch's object collectives make the same choice.
+    """
+    backend = str(torch.distributed.get_backend())
+    if "gloo" in backend or "mpi" in backend or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 @dataclass(frozen=True)
 class _WireTensor:
-    """A tensor as plain bytes, dtype and shape."""
+    """A tensor's place in a message: its dtype and shape; its bytes follow the message's header."""
 
-    data: bytes
     dtype: str
     shape: tuple[int, ...]
 
 
-def _to_wire(obj: Any) -> Any:
-    """Replace every tensor in nested dicts, lists and tuples by a :class:`_WireTensor`.
+def _to_wire(obj: Any, tensors: list[torch.Tensor]) -> Any:
+    """Replace every tensor in nested dicts, lists and tuples by a :class:`_WireTensor`, appending it to ``tensors``.
 
     Example:
-        >>> wire = _to_wire({"a": [torch.arange(3, dtype=torch.bfloat16)]})
-        >>> wire["a"][0].dtype, wire["a"][0].shape
-        ('bfloat16', (3,))
-        >>> _from_wire(wire)
-        {'a': [tensor([0., 1., 2.], dtype=torch.bfloat16)]}
+        >>> tensors = []
+        >>> header = _to_wire({"a": [torch.arange(3, dtype=torch.bfloat16)]}, tensors)
+        >>> header, len(tensors)
+        ({'a': [_WireTensor(dtype='bfloat16', shape=(3,))]}, 1)
 
     """
     if isinstance(obj, torch.Tensor):
-        tensor = obj.detach().cpu().contiguous()
-        raw = tensor.reshape(-1).view(torch.uint8) if tensor.numel() else tensor.new_empty(0, dtype=torch.uint8)
-        return _WireTensor(raw.numpy().tobytes(), str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
+        tensors.append(obj)
+        return _WireTensor(str(obj.dtype).removeprefix("torch."), tuple(obj.shape))
     if isinstance(obj, dict):
-        return {key: _to_wire(value) for key, value in obj.items()}
+        return {key: _to_wire(value, tensors) for key, value in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_wire(value) for value in obj)
+        return type(obj)(_to_wire(value, tensors) for value in obj)
     return obj
 
 
-def _from_wire(obj: Any) -> Any:
-    """The inverse of :func:`_to_wire`."""
+def _from_wire(obj: Any, fill: Any) -> Any:
+    """The inverse of :func:`_to_wire`: ``fill(wire_tensor)`` gives each tensor, in the order they were appended."""
     if isinstance(obj, _WireTensor):
-        dtype = getattr(torch, obj.dtype)
-        if not obj.data:
-            return torch.empty(obj.shape, dtype=dtype)
-        # a new writable buffer, which the tensor keeps alive
-        return torch.frombuffer(bytearray(obj.data), dtype=torch.uint8).view(dtype).reshape(obj.shape)
+        return fill(obj)
     if isinstance(obj, dict):
-        return {key: _from_wire(value) for key, value in obj.items()}
+        return {key: _from_wire(value, fill) for key, value in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_from_wire(value) for value in obj)
+        return type(obj)(_from_wire(value, fill) for value in obj)
     return obj
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's memory as a flat uint8 tensor (a view: no copy)."""
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+def _send(state: dict[str, Any], device: torch.device) -> None:
+    """Send a state to rank 0: the header's size, the pickled header, then each non-empty tensor's bytes."""
+    tensors: list[torch.Tensor] = []
+    header = pickle.dumps(_to_wire(state, tensors))
+    torch.distributed.send(torch.tensor([len(header)], dtype=torch.int64, device=device), dst=0)
+    torch.distributed.send(torch.frombuffer(bytearray(header), dtype=torch.uint8).to(device), dst=0)
+    for tensor in tensors:
+        if tensor.numel():
+            # a view of the tensor itself on the message's device (a copy only if it lies elsewhere or is strided)
+            torch.distributed.send(_as_bytes(tensor.detach().to(device).contiguous()), dst=0)
+
+
+def _receive(source: int, device: torch.device) -> dict[str, Any]:
+    """Receive a state sent by :func:`_send`, each tensor into a CPU tensor of its own dtype and shape."""
+    size = torch.empty(1, dtype=torch.int64, device=device)
+    torch.distributed.recv(size, src=source)
+    header = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    torch.distributed.recv(header, src=source)
+    wire = pickle.loads(header.cpu().numpy().tobytes())  # a header of small objects: ints, strings, dtypes
+    del header
+
+    def fill(spec: _WireTensor) -> torch.Tensor:
+        tensor = torch.empty(spec.shape, dtype=getattr(torch, spec.dtype))
+        if tensor.numel():
+            if device.type == "cpu":
+                torch.distributed.recv(_as_bytes(tensor), src=source)  # straight into the tensor's memory
+            else:
+                message = torch.empty(tensor.nbytes, dtype=torch.uint8, device=device)
+                torch.distributed.recv(message, src=source)
+                _as_bytes(tensor).copy_(message)
+        return tensor
+
+    state: dict[str, Any] = _from_wire(wire, fill)
+    return state

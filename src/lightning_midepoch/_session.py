@@ -41,6 +41,7 @@ class _Session:
         # flags shared with the loop and fetcher overrides
         self.hold_next_iter = False
         self.iterator_held = False
+        self.iterator_started = False  # the resumed epoch's iterator was just started: the next iter() keeps it
         self.finish_interrupted_batch = False
         self._live_pending = False
         self.warned: set[str] = set()
@@ -52,6 +53,8 @@ class _Session:
         self.trained = False  # the fit loop has set up its data: restores from now on are a tuner's, not a resume
         self.entry_found = False  # the checkpoint resumed has a MidEpochResume entry (possibly an empty one)
         self.discarded = False  # its entry was damaged and set aside (on_mismatch="restart_epoch"), with a warning
+        self.restored_in_batch = False  # the checkpoint resumed was written inside a batch (Lightning re-runs it)
+        self.out_of_reach: dict[int, list[str]] = {}  # per loader: where the search for its generators stopped
 
     # ------------------------------------------------------------------ installing
     def install(self) -> None:
@@ -82,6 +85,11 @@ class _Session:
         self.combined_loader = combined_loader
         self.loaders = list(combined_loader.flattened)
         self.recorders = [self._install_recorder(loader) for loader in self.loaders]
+        self.out_of_reach = {
+            index: beyond
+            for index, (loader, recorder) in enumerate(zip(self.loaders, self.recorders))
+            if recorder is not None and (beyond := _rng.out_of_reach(_rng_roots(loader, recorder.inner)))
+        }
         self.saver.attach(self.loaders)
 
     def after_fetch(self) -> None:
@@ -101,7 +109,7 @@ class _Session:
         inner = getattr(loader, attribute)
         if isinstance(inner, _IndexSamplerRecorder):
             return inner
-        rng_objects = _rng.find_rng_objects({"loader": loader, "index_sampler": inner})
+        rng_objects = _rng.find_rng_objects(_rng_roots(loader, inner))
         recorder = _IndexSamplerRecorder(
             inner, rng_objects, lambda: self.trainer.current_epoch, observing=lambda: self.fetching
         )
@@ -162,6 +170,8 @@ class _Session:
             self.resuming = True
             self.reopen_stopped_epoch()
             fit_loop = self.trainer.fit_loop
+            batch = fit_loop.epoch_loop.batch_progress.current  # as saved: each stage counted (a _BatchProgress)
+            self.restored_in_batch = batch.processed < batch.ready  # type: ignore[attr-defined]
             if _compat.epoch_finished(fit_loop.epoch_progress):
                 # written once an epoch had ended (after fit, say): with max_steps set, stock Lightning keeps
                 # "restarting" into that epoch's finished batch progress and trains one stray batch before the next
@@ -216,7 +226,15 @@ class _Session:
                     self.warned,
                 )
             return
-        _rng.restore_global(rank_state[S.KEY_RNG])
+        devices = _rng.restore_global(rank_state[S.KEY_RNG])
+        if devices is not None:
+            _compat.warn(
+                f"The checkpoint holds the CUDA random states of {len(rank_state[S.KEY_RNG]['cuda'])} device(s) but"
+                f" this process sees {devices}: they are not restored, so random draws on the GPU (dropout, say)"
+                " differ from the uninterrupted run's. Resume with the same visible devices to continue them exactly.",
+                self.trainer,
+                self.warned,
+            )
         self._restore_loader_generators(rank_state)
         grads = rank_state.get(S.KEY_GRADS)
         if grads and self._elastic_resume:
@@ -234,9 +252,30 @@ class _Session:
     def _restore_loader_generators(self, rank_state: Mapping[str, Any] | None) -> None:
         """Set the generators owned by the loaders and their samplers to their states at the checkpoint."""
         states = rank_state.get(S.KEY_GENERATORS, []) if rank_state is not None else []
-        for recorder, objects in zip(self.recorders, states):
+        for index, (recorder, objects) in enumerate(zip(self.recorders, states)):
             if recorder is not None and objects:
-                _rng.restore_objects(recorder.rng_objects, objects)
+                missing = _rng.restore_objects(recorder.rng_objects, objects)
+                if missing:
+                    self._warn_missing_generators(index, missing)
+        for index, paths in self.out_of_reach.items():
+            _compat.warn(
+                f"The sampler chain of train dataloader {index} goes deeper than the search for random generators"
+                f" ({', '.join(paths)}): a generator kept there is neither saved nor restored, so the resumed order"
+                " and draws may differ from the uninterrupted run's. Keep the generator closer to the DataLoader, or"
+                " implement `state_dict()`/`load_state_dict()` on a stateful loader.",
+                self.trainer,
+                self.warned,
+            )
+
+    def _warn_missing_generators(self, index: int, paths: list[str]) -> None:
+        _compat.warn(
+            f"The checkpoint recorded the random generator(s) {', '.join(paths)} of train dataloader {index}, which"
+            " the current loader does not have: they are not restored, so this loader's order and random draws"
+            " continue from fresh states and differ from the uninterrupted run's. Resume with the same samplers"
+            " and generators to continue exactly.",
+            self.trainer,
+            self.warned,
+        )
 
     def start_resumed_epoch(self, epoch_loop: _TrainingEpochLoop, fetcher: _DataFetcher) -> None:
         """Start the first train iterator after a resume: where the interrupted epoch continues, or a new epoch."""
@@ -260,9 +299,12 @@ class _Session:
             return
         if _compat.has_callback(trainer, "StochasticWeightAveraging"):
             self._warn_swa()
-        if self.loaded is not None and _compat.steps_pull_batches(fetcher):
+        pulled = self.loaded is not None and _compat.steps_pull_batches(fetcher)
+        if pulled and self.loaded is not None:
             # training_step(dataloader_iter): a step pulls as many batches as it likes; the fetcher counted them
             consumed = self.loaded[S.KEY_FETCHED]
+            if self.restored_in_batch:
+                self._warn_step_rerun()
         plan = self._check_checkpoint() if self.loaded is not None else "exact"
         if plan == "restart":
             iter(fetcher)  # on_mismatch="restart_epoch": continue as stock Lightning does
@@ -290,6 +332,10 @@ class _Session:
         # its first next() sets them itself, but one that is never advanced again must still end where it was
         self._restore_loader_generators(rank_state)
         _compat.set_batch_index(self.combined_loader, consumed)  # type: ignore[arg-type]
+        if pulled:
+            # the epoch loop adds the steps it restored to the fetcher's count; the steps pulled `consumed` batches,
+            # and the fetcher tells the epoch's end from that count (one step too many otherwise)
+            fetcher.fetched += consumed - epoch_loop.batch_progress.current.ready
 
     def _rewound_loaders(self, epoch: int) -> list[int]:
         """Loaders whose first iterator here is a new one where the uninterrupted run reused its persistent workers.
@@ -305,7 +351,7 @@ class _Session:
             if recorder is not None
             and loader.num_workers > 0
             and loader.persistent_workers
-            and getattr(loader, "_iterator", None) is None
+            and not _compat.workers_started(loader)
             and epoch > created_at
         ]
 
@@ -327,6 +373,7 @@ class _Session:
         saved_world_size = self.loaded[S.KEY_WORLD_SIZE]
         elastic = bool(self.loaded.get(S.KEY_ELASTIC)) or saved_world_size != self.trainer.world_size
         try:
+            S.check_mode(self.loaded.get(S.KEY_MODE), _compat.combined_mode(self.combined_loader), fix)  # type: ignore[arg-type]
             S.check_loaders(self.loaded[S.KEY_LOADERS], current, fix, same_world_size=not elastic)
             if elastic:
                 S.check_elastic(
@@ -420,6 +467,21 @@ class _Session:
                 loader.dataset.load_state_dict(state)
             elif S.loader_kind(loader) == S.KIND_ITERABLE:
                 self._warn_iterable(index, loader)
+                continue
+            buffer = _compat.unsaved_buffer(getattr(loader, "dataset", None))
+            if buffer is not None:
+                self._warn_buffer(index, loader, buffer)
+
+    def _warn_buffer(self, index: int, loader: Any, buffer: str) -> None:
+        name = type(loader.dataset).__name__
+        _compat.warn(
+            f"Train dataloader {index} iterates over an {name} that draws from {buffer}, which its `state_dict()`"
+            " does not hold: the resumed epoch refills the buffer, so some of the epoch's samples are lost, others"
+            " seen twice, and the order differs from the uninterrupted run's. To resume exactly, shuffle without a"
+            " buffer (a map-style dataset with a shuffling sampler, e.g. `datasets.Dataset` with `shuffle=True`).",
+            self.trainer,
+            self.warned,
+        )
 
     def _warn_iterable(self, index: int, loader: Any) -> None:
         name = type(getattr(loader, "dataset", loader)).__name__
@@ -442,6 +504,17 @@ class _Session:
             self.warned,
         )
 
+    def _warn_step_rerun(self) -> None:
+        _compat.warn(
+            "The checkpoint was written inside a training_step that pulls its own batches (training_step(self,"
+            " dataloader_iter)): Lightning runs that step again, but the batches it had pulled before the checkpoint"
+            " are not pulled again (the step continues with the batches after them) and its random states are those"
+            " after its latest pull, not those it started with: the resumed run will differ. Write checkpoints in"
+            " on_train_batch_end or on_train_epoch_end (as ModelCheckpoint does), which resume exactly.",
+            self.trainer,
+            self.warned,
+        )
+
     def _warn_stock_checkpoint(self) -> None:
         _compat.warn(
             "The checkpoint has no MidEpochResume state (it was written without the callback). Where the data order"
@@ -460,6 +533,11 @@ class _Session:
             self.trainer,
             self.warned,
         )
+
+
+def _rng_roots(loader: Any, index_sampler: Any) -> dict[str, Any]:
+    """Where a loader's generators are searched from (the names are the first parts of their saved paths)."""
+    return {"loader": loader, "index_sampler": index_sampler}
 
 
 def _elastic_layout(loader: Any, world_size: int) -> dict[str, Any]:

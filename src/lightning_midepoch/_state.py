@@ -24,7 +24,8 @@ Layout (version 1)::
         "loaders": [               # one per flattened train loader, facts that must match on resume
             {"kind": "map" | "iterable" | "stateful", "dataset_length": int | None, "num_batches": int | None,
              "batch_size": int | None, "drop_last": bool, "order": str, "seed_determined": bool,
-             "global_order": dict | None},  # how the epoch's global order can be rebuilt (elastic resume)
+             "global_order": dict | None,  # how the epoch's global order can be rebuilt (elastic resume)
+             "settings": {str: primitive}},  # sampler settings that change the order (not in 0.2.0)
         ],
         "ranks": [                 # indexed by global rank
             {"rng": {...},         # live process-wide states when saved (torch, cuda, numpy, python)
@@ -47,7 +48,9 @@ from torch.utils.data import (
     DistributedSampler,
     IterableDataset,
     RandomSampler,
+    Sampler,
     SequentialSampler,
+    WeightedRandomSampler,
 )
 
 from lightning_midepoch.__about__ import __version__
@@ -124,6 +127,11 @@ def describe_order(sampler: Any) -> tuple[str, bool]:
         ('SequentialSampler (fixed order)', True)
         >>> describe_order(BatchSampler(RandomSampler(range(4)), 2, False))
         ('BatchSampler over RandomSampler (global torch RNG)', False)
+        >>> class Every(Sampler[int]):  # a wrapper: its order is its inner sampler's
+        ...     def __init__(self, inner: Sampler[int]) -> None:
+        ...         self.inner = inner
+        >>> describe_order(Every(RandomSampler(range(4))))
+        ('Every over RandomSampler (global torch RNG)', False)
 
     """
     sampler = _unwrap(sampler)
@@ -133,11 +141,29 @@ def describe_order(sampler: Any) -> tuple[str, bool]:
         return f"{name} over {inner}", determined
     if isinstance(sampler, SequentialSampler):
         return f"{name} (fixed order)", True
-    if isinstance(sampler, DistributedSampler):
+    if _has_stock_iter(sampler, DistributedSampler):
         return f"{name} ({f'seed {sampler.seed} + epoch' if sampler.shuffle else 'fixed order'})", True
     if isinstance(sampler, RandomSampler):
         return f"{name} ({'own generator' if sampler.generator is not None else 'global torch RNG'})", False
+    wrapped = _wrapped_sampler(sampler)
+    if wrapped is not None:
+        # a wrapper draws its order from the sampler it wraps (Lightning's DistributedSamplerWrapper, say)
+        return f"{name} over {describe_order(wrapped)[0]}", False
     return f"{name} (custom)", False
+
+
+def _wrapped_sampler(sampler: Any) -> Any:
+    """The sampler a custom sampler keeps as an attribute, or in an object it keeps (a dataset made of a sampler)."""
+    attrs = getattr(sampler, "__dict__", None)
+    for value in attrs.values() if isinstance(attrs, dict) else ():
+        if isinstance(value, Sampler) and value is not sampler:
+            return value
+    for value in attrs.values() if isinstance(attrs, dict) else ():
+        inner = getattr(value, "__dict__", None)
+        for item in inner.values() if isinstance(inner, dict) and not isinstance(value, type) else ():
+            if isinstance(item, Sampler) and item is not sampler:
+                return item
+    return None
 
 
 def global_order(index_sampler: Any) -> dict[str, Any] | None:
@@ -149,6 +175,8 @@ def global_order(index_sampler: Any) -> dict[str, Any] | None:
     Example:
         >>> global_order(BatchSampler(DistributedSampler(range(8), num_replicas=2, rank=0, seed=3), 2, False))
         {'kind': 'distributed', 'seed': 3, 'shuffle': True, 'drop_last': False, 'batch_drop_last': False}
+        >>> global_order(BatchSampler(RandomSampler(range(8)), 2, False))
+        {'kind': 'random', 'own_generator': False, 'batch_drop_last': False, 'generator': None}
         >>> global_order(BatchSampler(RandomSampler(range(8), replacement=True), 2, False)) is None
         True
 
@@ -173,8 +201,20 @@ def global_order(index_sampler: Any) -> dict[str, Any] | None:
         and not sampler.replacement
         and sampler.num_samples == len(sampler.data_source)
     ):
-        return {"kind": "random", "own_generator": sampler.generator is not None, "batch_drop_last": batch_drop_last}
+        return {
+            "kind": "random",
+            "own_generator": sampler.generator is not None,
+            "batch_drop_last": batch_drop_last,
+            "generator": _generator_path(index_sampler, sampler.generator),
+        }
     return None
+
+
+def _generator_path(recorder: Any, generator: Any) -> str | None:
+    """Under which path a recorder records ``generator`` (the loader may own another one), if it records it."""
+    if generator is None or not isinstance(recorder, _IndexSamplerRecorder):
+        return None
+    return next((path for path, found in recorder.rng_objects.items() if found is generator), None)
 
 
 def loader_facts(loader: object) -> dict[str, Any]:
@@ -189,6 +229,7 @@ def loader_facts(loader: object) -> dict[str, Any]:
         "order": type(loader).__name__,
         "seed_determined": False,
         "global_order": None,
+        "settings": {},
     }
     if isinstance(loader, DataLoader):
         facts["batch_size"] = loader.batch_size
@@ -198,15 +239,54 @@ def loader_facts(loader: object) -> dict[str, Any]:
             facts["num_batches"] = len(loader)
             facts["order"], facts["seed_determined"] = describe_order(index_sampler(loader))
             facts["global_order"] = global_order(index_sampler(loader))
+            facts["settings"] = order_settings(index_sampler(loader))
     return facts
 
 
+#: The settings of torch's samplers that change the order they give (besides the dataset and the random states).
+_ORDER_SETTINGS: tuple[tuple[type, tuple[str, ...]], ...] = (
+    (BatchSampler, ("batch_size", "drop_last")),
+    (WeightedRandomSampler, ("num_samples", "replacement")),
+    (RandomSampler, ("num_samples", "replacement")),
+    (DistributedSampler, ("shuffle", "seed", "drop_last")),
+)
+
+
+def order_settings(sampler: Any) -> dict[str, Any]:
+    """The settings of the samplers along a chain that change the order, as ``{"Class.setting": value}``.
+
+    Example:
+        >>> order_settings(BatchSampler(RandomSampler(range(8), replacement=True), 2, False))
+        {'BatchSampler.batch_size': 2, 'BatchSampler.drop_last': False, 'RandomSampler.num_samples': 8, \
+'RandomSampler.replacement': True}
+
+    """
+    settings: dict[str, Any] = {}
+    for _ in range(8):  # a chain of wrappers, bounded
+        sampler = _unwrap(sampler)
+        for cls, names in _ORDER_SETTINGS:
+            if isinstance(sampler, cls):
+                for name in names:
+                    value = getattr(sampler, name, None)
+                    if isinstance(value, (bool, int, float, str)) or value is None:
+                        settings.setdefault(f"{cls.__name__}.{name}", value)
+                break
+        inner = sampler.sampler if _has_stock_iter(sampler, BatchSampler) else _wrapped_sampler(sampler)
+        if inner is None:
+            break
+        sampler = inner
+    return settings
+
+
+#: The facts compared, in this order (the sampler settings before the number of batches they change), and how the
+#: error names them ("settings" are named one by one).
 _FACT_NAMES = {
     "dataset_length": "a train dataset of {} samples",
     "batch_size": "batch_size={}",
     "drop_last": "drop_last={}",
-    "num_batches": "{} batches per epoch",
     "order": "an order from {}",
+    "settings": "",
+    "num_batches": "{} batches per epoch",
 }
 
 
@@ -225,7 +305,7 @@ def loader_position(mode: str, consumed: int, length: int) -> tuple[int, int]:
 
 
 #: Facts that depend on the number of devices (the sampler Lightning injects, the batches per rank).
-_PER_WORLD_SIZE = ("num_batches", "order")
+_PER_WORLD_SIZE = ("num_batches", "order", "settings")
 
 
 def check_loaders(
@@ -256,14 +336,46 @@ def check_loaders(
         if old["kind"] != KIND_MAP:
             continue
         for key, template in _FACT_NAMES.items():
-            if not same_world_size and key in _PER_WORLD_SIZE:
+            # a fact an earlier release did not save is not compared
+            if key not in old or (not same_world_size and key in _PER_WORLD_SIZE):
                 continue
-            if old.get(key) != new.get(key):
+            if key == "settings":
+                _check_settings(old[key], new.get(key) or {}, where, fix)
+            elif old[key] != new.get(key):
                 raise MidEpochResumeError(
-                    f"The checkpoint was saved with {where} having {template.format(old.get(key))} but the current"
+                    f"The checkpoint was saved with {where} having {template.format(old[key])} but the current"
                     f" one has {template.format(new.get(key))}. Resume with the same data and sampler settings,"
                     f" or {fix}."
                 )
+
+
+def _check_settings(old: Mapping[str, Any], new: Mapping[str, Any], where: str, fix: str) -> None:
+    for key, value in old.items():
+        if key in new and new[key] != value:
+            cls, name = key.rsplit(".", 1)
+            raise MidEpochResumeError(
+                f"The checkpoint was saved with {where} having {cls}({name}={value!r}) but the current one has"
+                f" {cls}({name}={new[key]!r}). Resume with the same sampler settings, or {fix}."
+            )
+
+
+def check_mode(saved: str | None, current: str, fix: str) -> None:
+    """Raise :class:`MidEpochResumeError` if the train loaders are combined in another mode than when saved.
+
+    Example:
+        >>> check_mode("max_size_cycle", "min_size", "pass the opt-out")
+        Traceback (most recent call last):
+        ...
+        lightning_midepoch._state.MidEpochResumeError: The checkpoint was saved with the train dataloaders combined \
+in mode 'max_size_cycle' but the current run combines them in mode 'min_size'. Resume with the same \
+CombinedLoader mode, or pass the opt-out.
+
+    """
+    if saved and saved != current:
+        raise MidEpochResumeError(
+            f"The checkpoint was saved with the train dataloaders combined in mode {saved!r} but the current run"
+            f" combines them in mode {current!r}. Resume with the same CombinedLoader mode, or {fix}."
+        )
 
 
 def check_elastic(

@@ -382,27 +382,38 @@ def test_future_state_version_is_not_possible(ckpts, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("damage", "problem"),
     [
-        (lambda state: state.update(loaders=None), "'loaders' is not a list of dicts"),
-        (lambda state: state.update(ranks="garbage"), "'ranks' is not a list of dicts"),
-        (lambda state: state.update(mode=None), "'mode' is not a str"),
-        (lambda state: state["loaders"][0].update(order=3), "train dataloader 0 has no 'order' description"),
+        (lambda state: state.update(loaders=None), "`loaders`: expected a list"),
+        (lambda state: state.update(ranks="garbage"), "`ranks`: expected a list (one entry per rank), found a str"),
+        (lambda state: state.update(mode=None), "`mode`: expected a str, found None."),
+        (lambda state: state["loaders"][0].update(order=3), "`loaders[0].order`: expected a str, found an int (3)."),
         (
             lambda state: state["loaders"][0].update(batch_size="2"),
-            "train dataloader 0 has a 'batch_size' that is not an int",
+            "`loaders[0].batch_size`: expected None or an int >= 1, found a str ('2').",
         ),
-        (lambda state: state.update(world_size=0), "'world_size' is not a positive int"),
-        (lambda state: state.update(epoch=5), "its epoch (5) is not the checkpoint's (1)"),
-        (lambda state: state["loaders"][0].update(kind="queue"), "train dataloader 0 has no valid 'kind'"),
-        (lambda state: state["ranks"][0].pop("passes"), "rank 0 has no 'passes' list"),
+        (lambda state: state.update(world_size=0), "`world_size`: expected an int >= 1, found an int (0)."),
+        (lambda state: state["loaders"][0].update(kind="queue"), "`loaders[0].kind`: expected 'map' or 'iterable'"),
+        (lambda state: state["ranks"][0].pop("passes"), "`ranks[0].passes`: expected a list"),
     ],
 )
-def test_malformed_state_is_not_possible(ckpts, damage, problem):
+def test_damaged_state_is_not_possible(ckpts, damage, problem):
     checkpoint = load(ckpts["exact"])
     damage(checkpoint["callbacks"]["MidEpochResume"])
     report = analysed(checkpoint)
     assert report.verdict == "not_possible"
     (blocker,) = report.blockers
-    assert f"malformed ({problem})" in blocker.reason
+    assert blocker.reason.startswith(f"The checkpoint's MidEpochResume state is damaged: {problem}")
+    assert "stops with a MidEpochResumeError naming that field" in blocker.reason
+    assert blocker.opt_out.startswith("Resume from an earlier checkpoint, use MidEpochResume(on_mismatch=")
+    assert "resume without MidEpochResume" in blocker.opt_out
+
+
+def test_state_of_another_epoch_is_not_possible(ckpts):
+    checkpoint = load(ckpts["exact"])
+    checkpoint["callbacks"]["MidEpochResume"]["epoch"] = 5
+    report = analysed(checkpoint)
+    assert report.verdict == "not_possible"
+    (blocker,) = report.blockers
+    assert "malformed (its epoch (5) is not the checkpoint's (1))" in blocker.reason
     assert "resume without MidEpochResume" in blocker.opt_out
 
 

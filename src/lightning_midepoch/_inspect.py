@@ -37,7 +37,7 @@ import torch
 from packaging.version import Version
 from typing_extensions import TypeGuard
 
-from lightning_midepoch import _compat
+from lightning_midepoch import _compat, _validate
 from lightning_midepoch import _state as S
 from lightning_midepoch.__about__ import __version__
 
@@ -341,35 +341,13 @@ def _state_bytes(state: object) -> int:
 
 
 def _state_problem(state: Mapping[str, Any], epoch: int) -> str | None:
-    """What makes a version-checked MidEpochResume state unusable, or ``None``."""
-    loaders, ranks = state.get(S.KEY_LOADERS), state.get(S.KEY_RANKS)
-    if not isinstance(loaders, list) or not all(isinstance(loader, Mapping) for loader in loaders):
-        return f"'{S.KEY_LOADERS}' is not a list of dicts"
-    if not isinstance(ranks, list) or not all(rank is None or isinstance(rank, Mapping) for rank in ranks):
-        return f"'{S.KEY_RANKS}' is not a list of dicts"  # None: a rank whose states could not be gathered
-    if not loaders and not ranks:
+    """What makes an intact MidEpochResume state unusable with this checkpoint, or ``None``."""
+    if not S.records_position(state):
         return None  # written before the trainer trained with the callback: nothing in progress
-    world_size = state.get(S.KEY_WORLD_SIZE)
-    if not _is_int(world_size) or world_size < 1:
-        return f"'{S.KEY_WORLD_SIZE}' is not a positive int"
     # written once training stopped early: Lightning may already count the stopped epoch as finished, the state not
-    expected = (epoch - 1, epoch) if state.get(S.KEY_STOPPED) is True else (epoch,)
-    if state.get(S.KEY_EPOCH) not in expected:
-        return f"its epoch ({state.get(S.KEY_EPOCH)!r}) is not the checkpoint's ({epoch})"
-    if not isinstance(state.get(S.KEY_MODE), str):
-        return f"'{S.KEY_MODE}' is not a str"
-    for index, loader in enumerate(loaders):
-        if loader.get("kind") not in (S.KIND_MAP, S.KIND_ITERABLE, S.KIND_STATEFUL):
-            return f"train dataloader {index} has no valid 'kind'"
-        if not isinstance(loader.get("order"), str):
-            return f"train dataloader {index} has no 'order' description"
-        for key in ("dataset_length", "num_batches", "batch_size"):
-            if loader.get(key) is not None and not _is_int(loader[key]):
-                return f"train dataloader {index} has a '{key}' that is not an int"
-    for rank, rank_state in enumerate(ranks):
-        for key in (S.KEY_PASSES, S.KEY_DATASET_STATES):
-            if rank_state is not None and not isinstance(rank_state.get(key), list):
-                return f"rank {rank} has no '{key}' list"
+    expected = (epoch - 1, epoch) if state[S.KEY_STOPPED] is True else (epoch,)
+    if state[S.KEY_EPOCH] not in expected:
+        return f"its epoch ({state[S.KEY_EPOCH]!r}) is not the checkpoint's ({epoch})"
     return None
 
 
@@ -579,6 +557,15 @@ def _state_blocker(problem: str) -> Blocker:
     )
 
 
+def _damage_blocker(error: _validate.DamagedStateError) -> Blocker:
+    return Blocker(
+        f"The checkpoint's MidEpochResume state is damaged: {error.problem} MidEpochResume stops with a"
+        " MidEpochResumeError naming that field when the resumed fit starts.",
+        f"Resume from an earlier checkpoint, use {_ON_MISMATCH} to resume without the callback's state, or"
+        f" {_WITHOUT_CALLBACK}.",
+    )
+
+
 def _analyse_state(report: Report, checkpoint: Mapping[str, Any], raw_state: object) -> None:
     """A checkpoint with a MidEpochResume state: check it and say how each rank and loader continues."""
     if not isinstance(raw_state, Mapping):
@@ -587,7 +574,10 @@ def _analyse_state(report: Report, checkpoint: Mapping[str, Any], raw_state: obj
     report.state.version = raw_state.get(S.KEY_VERSION)
     report.state.bytes = _state_bytes(raw_state)
     try:
-        state = S.migrate(raw_state)
+        state = _validate.checked(raw_state)
+    except _validate.DamagedStateError as error:
+        report.blockers.append(_damage_blocker(error))
+        return
     except S.MidEpochResumeError as error:
         report.blockers.append(Blocker(str(error), f"Upgrade lightning-midepoch, or {_WITHOUT_CALLBACK}."))
         return

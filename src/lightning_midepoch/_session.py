@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from lightning_midepoch import _compat, _elastic, _rng
+from lightning_midepoch import _compat, _elastic, _rng, _validate
 from lightning_midepoch import _state as S
 from lightning_midepoch._fetchers import _ResumableDataFetcher
 from lightning_midepoch._loops import _ResumableFitLoop, _ResumableTrainingEpochLoop
@@ -52,6 +52,7 @@ class _Session:
         self.resuming = False  # this fit resumes from a checkpoint (the loops were restored before it trained)
         self.trained = False  # the fit loop has set up its data: restores from now on are a tuner's, not a resume
         self.entry_found = False  # the checkpoint resumed has a MidEpochResume entry (possibly an empty one)
+        self.discarded = False  # its entry was damaged and set aside (on_mismatch="restart_epoch"), with a warning
         self.restored_in_batch = False  # the checkpoint resumed was written inside a batch (Lightning re-runs it)
         self.out_of_reach: dict[int, list[str]] = {}  # per loader: where the search for its generators stopped
 
@@ -135,10 +136,29 @@ class _Session:
             # Lightning's tuners restore the checkpoint they wrote before their trial steps in the middle of a fit:
             # stock Lightning then keeps the process's random states and the loops start afresh, and so does this
             return
-        migrated = S.migrate(state)
         self.entry_found = True
+        try:
+            migrated = _validate.checked(state)
+        except _validate.DamagedStateError as error:
+            self._discard(error)
+            return
         self.loaded = migrated if S.records_position(migrated) else None
         self._live_pending = self.loaded is not None
+
+    def _discard(self, error: _validate.DamagedStateError) -> None:
+        """Raise on a damaged state, or (``on_mismatch="restart_epoch"``) resume as if the checkpoint had none."""
+        if self.on_mismatch == "raise":
+            raise error
+        _compat.warn(
+            f"The checkpoint's MidEpochResume state is damaged: {error.problem} Resuming without it"
+            " (on_mismatch='restart_epoch'), as from a checkpoint written without the callback: Lightning's own state"
+            " is restored, but the rest of the interrupted epoch is drawn from a fresh order (some of its samples are"
+            " seen twice and others not at all, unless the order is fixed or determined by a seed and the epoch) and"
+            " the random states of dropout and augmentation are drawn afresh.",
+            self.trainer,
+            self.warned,
+        )
+        self.loaded, self._live_pending, self.discarded = None, False, True
 
     def loops_restored(self) -> None:
         """Lightning restored the loops: a resume, if from a checkpoint before the fit trained.
@@ -187,6 +207,14 @@ class _Session:
         if not self._live_pending:
             return
         self._live_pending = False
+        if self.loaded is not None and not self._elastic_resume:
+            # the gradients are restored into this model's parameters: a shape they cannot take is damage
+            shapes = {name: tuple(p.shape) for name, p in self.trainer.lightning_module.named_parameters()}
+            try:
+                _validate.check_grads(self.loaded, shapes)
+            except _validate.DamagedStateError as error:
+                self._discard(error)
+                return
         rank_state = self._rank_state()
         if rank_state is None:
             if self.loaded is not None and not self._elastic_resume and self.loaded.get(S.KEY_RANKS):
@@ -262,7 +290,7 @@ class _Session:
         new_epoch = not (fit_loop.restarted_mid_epoch or fit_loop.restarted_on_epoch_end)
         recorded_here = any(record is not None and record["epoch"] == epoch for record in records)
         starts_epoch = new_epoch and consumed == 0 and not recorded_here
-        if self.loaded is None and not (self.entry_found and starts_epoch):
+        if self.loaded is None and not self.discarded and not (self.entry_found and starts_epoch):
             # (an entry that recorded nothing comes from a trainer that had not trained: nothing was lost)
             self._warn_stock_checkpoint()
         if starts_epoch:

@@ -5,6 +5,8 @@ strings, booleans, ``None``, lists and dicts, so it loads with ``torch.load(...,
 not depend on the dataset: a few random states per train loader and per rank (plus, only for a checkpoint taken
 inside a gradient accumulation group, the partial gradients).
 
+A loaded state is checked against this layout (:mod:`lightning_midepoch._validate`) before anything reads it.
+
 Layout (version 1)::
 
     {

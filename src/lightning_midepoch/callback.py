@@ -65,9 +65,10 @@ class MidEpochResume(_CallbackBase):
     Args:
         on_mismatch: What to do when the interrupted epoch cannot be continued exactly because the train dataloaders
             differ from the ones the checkpoint was saved with (dataset length, batch size, ``drop_last``, sampler,
-            number of dataloaders, world size). ``"raise"`` (default) stops with a
-            :class:`~lightning_midepoch.MidEpochResumeError` saying what differs; ``"restart_epoch"`` warns and
-            continues the interrupted epoch from a freshly started order, as stock Lightning does.
+            number of dataloaders, world size), or because the checkpoint's MidEpochResume state was damaged after it
+            was written. ``"raise"`` (default) stops with a :class:`~lightning_midepoch.MidEpochResumeError` saying
+            what differs (or which field is damaged); ``"restart_epoch"`` warns and continues the interrupted epoch
+            from a freshly started order, as stock Lightning does (a damaged state is then set aside entirely).
 
     Example:
         >>> import lightning as L

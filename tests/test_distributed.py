@@ -144,10 +144,6 @@ def test_ddp_checkpoint_written_during_an_exception_holds_rank_zeros_states(on_e
     assert any(not torch.equal(value, resumed[0]["params"][name]) for name, value in full[0]["params"].items())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11: rank 1 warns through rank_zero_warn, which only rank 0 emits, and rank 0 has its states",
-)
 def test_ddp_resume_from_an_exception_checkpoint_warns_that_rank_1_has_fresh_states(on_exception):
     _, _, resumed, _ = on_exception
     messages = [message for rank in resumed for message in rank["warnings"]]

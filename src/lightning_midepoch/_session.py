@@ -215,16 +215,10 @@ class _Session:
             except _validate.DamagedStateError as error:
                 self._discard(error)
                 return
+        if self.loaded is not None and not self._elastic_resume:
+            self._warn_ranks_without_states()
         rank_state = self._rank_state()
         if rank_state is None:
-            if self.loaded is not None and not self._elastic_resume and self.loaded.get(S.KEY_RANKS):
-                _compat.warn(
-                    f"The checkpoint holds no random states for rank {self.trainer.global_rank} (it was written while"
-                    " handling an exception, when the ranks could not exchange them): this rank continues with fresh"
-                    " random states. The data order is still exact.",
-                    self.trainer,
-                    self.warned,
-                )
             return
         devices = _rng.restore_global(rank_state[S.KEY_RNG])
         if devices is not None:
@@ -248,6 +242,22 @@ class _Session:
             for name, parameter in self.trainer.lightning_module.named_parameters():
                 if name in grads:
                     parameter.grad = grads[name].to(device=parameter.device, dtype=parameter.dtype)
+
+    def _warn_ranks_without_states(self) -> None:
+        """Say which ranks continue with fresh random states (said by every rank: Lightning shows rank 0's words)."""
+        assert self.loaded is not None
+        ranks = self.loaded[S.KEY_RANKS]
+        missing = [rank for rank in range(self.trainer.world_size) if rank >= len(ranks) or ranks[rank] is None]
+        if not missing or not ranks:
+            return
+        which = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {', '.join(map(str, missing))}"
+        _compat.warn(
+            f"The checkpoint holds no random states for {which} (it was written while handling an exception, when"
+            " the ranks could not exchange them): they continue with fresh random states, so their dropout and"
+            " augmentation draws differ from the uninterrupted run's. The data order is still exact.",
+            self.trainer,
+            self.warned,
+        )
 
     def _restore_loader_generators(self, rank_state: Mapping[str, Any] | None) -> None:
         """Set the generators owned by the loaders and their samplers to their states at the checkpoint."""

@@ -183,3 +183,40 @@ def test_inventories_are_generated_by_their_script():
     for filename, objects in (("torch.inv", script.TORCH), ("lightning.inv", script.LIGHTNING)):
         committed = _inventory_lines((DOCS / "_inventories" / filename).read_bytes())
         assert committed == _inventory_lines(script.inventory("", "", objects)), filename
+
+
+def _exactness_rows() -> list[list[str]]:
+    text = (DOCS / "guide.md").read_text()
+    table = text[text.index("| Setting | Exact |") :].split("\n\n", 1)[0]
+    return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in table.splitlines()[2:]]
+
+
+def _test_functions() -> set[str]:
+    """Every ``tests/<file>::<function>`` defined in the test suite."""
+    found = set()
+    for path in (ROOT / "tests").glob("test_*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                found.add(f"tests/{path.name}::{node.name}")
+    return found
+
+
+def test_every_claim_of_the_exactness_table_names_its_test():
+    """Each "yes" row of the guide's table names the test that checks it; each "no" or "partly" row names what a user
+    sees (the warning, or why there is none); every test named exists."""
+    defined = _test_functions()
+    rows = _exactness_rows()
+    assert len(rows) > 20
+    for setting, exact, evidence, _ in rows:
+        named = []
+        for reference in re.findall(r"`(tests/test_\w+\.py)::(test_\w+)", evidence):
+            named.append("::".join(reference))
+        # a row may name further tests of the same file by their bare name
+        file = named[0].split("::")[0] if named else None
+        named += [f"{file}::{name}" for name in re.findall(r"`(test_\w+)", evidence) if file]
+        assert all(name in defined for name in named), f"{setting}: names a test that does not exist: {named}"
+        if exact in ("yes", "unchanged", "error", "every remaining sample once"):
+            assert named or "every test above" in evidence, f"{setting}: a '{exact}' row names no test"
+        else:
+            assert exact in ("no", "partly"), f"{setting}: unknown verdict {exact!r}"
+            assert "warning" in evidence, f"{setting}: a '{exact}' row names no warning"

@@ -216,7 +216,7 @@ def check_supported(trainer: Trainer) -> None:
         "checkpoint_connector": getattr(trainer, "_checkpoint_connector", None),
         "fit_loop": trainer.fit_loop,
         "epoch_loop": trainer.fit_loop.epoch_loop,
-        "val_loop": trainer.fit_loop.epoch_loop.val_loop,
+        "val_loop": getattr(trainer.fit_loop.epoch_loop, "val_loop", None),
     }
     missing = [
         f"{name}.{attribute}"

@@ -22,8 +22,8 @@ import inspect
 import os
 import sys
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -512,7 +512,7 @@ def stock_warning_suppressed() -> Iterator[None]:
 
 
 @contextmanager
-def evaluation_skip_wrapped(val_loop: Any, wrap: Any) -> Iterator[None]:
+def evaluation_skip_wrapped(val_loop: Any, wrap: Callable[[], AbstractContextManager[None]]) -> Iterator[None]:
     """Run the validation loop's ``increment_progress_to_evaluation_end`` inside the context manager ``wrap()``.
 
     The stock epoch loop calls it on a restart whose last batch was due a validation (one the checkpoint already

@@ -12,6 +12,8 @@ classes themselves are never changed. What they change with respect to stock Lig
 * A checkpoint written in ``on_train_epoch_start`` starts that epoch afresh (stock Lightning first replays the
   previous epoch's last batch position and numbers the epoch one too high).
 * The random states and partial gradients saved with the checkpoint are restored before the epoch continues.
+* The validation loader iterator that stock Lightning starts on resume, only to skip a validation the checkpoint
+  already holds, draws nothing from the process-wide random generators.
 * The stock "dataloader is not resumable" warning is not given: this path is supported.
 
 A run that never resumes goes through the stock code unchanged.

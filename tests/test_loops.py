@@ -240,7 +240,6 @@ def test_skipped_samples_are_never_loaded(tmp_path):
 
 # Moments at a boundary between batches; the others are inside a batch (its start, step, backward, optimizer step)
 # or at an epoch's start, which a resumed run runs again.
-BOUNDARIES = ("train_batch_end", "train_epoch_end", "validation_end", "model_checkpoint")
 IN_BATCH = ("train_batch_start", "before_backward", "after_backward", "before_optimizer_step")
 
 
@@ -287,26 +286,14 @@ def _configs(draw: st.DrawFn) -> Config:
 def _positions(config: Config, full: RunResult) -> list[list[CrashPoint]]:
     """Where the uninterrupted run can be interrupted, in its order: the crash points at each moment it reached."""
     steps = {(point.epoch, point.batch) for point, _ in full.model.moments if point.hook == "before_optimizer_step"}
-    # KNOWN-BUG-GROUP-END: a checkpoint written inside the batch that ends an accumulation group drops the group's
-    # earlier gradients (reported with issue 11); lift this once it is exact.
-    skipped = steps if config.accumulate_grad_batches > 1 else set()
-    # KNOWN-BUG-AFTER-VALIDATION: a checkpoint written inside the batch right after a mid-epoch validation restores
-    # torch's states of before that validation (reported with issue 11); lift this once it is exact.
-    # KNOWN-BUG-CYCLE-IN-BATCH: ... and inside a batch in which a max_size_cycle loader starts over (reported with
-    # issue 11); lift this once it is exact.
+    skipped: set[tuple[int, int | None]] = set()
+    # KNOWN-BUG-CYCLE-IN-BATCH: a checkpoint written inside a batch in which a max_size_cycle loader starts over
+    # (reported with issue 11); lift this once it is exact.
     if config.combined == "max_size_cycle":
         alone = replace(config, combined=None, limit_train_batches=None)
         for loader_batches in (alone.batches_per_epoch, replace(alone, dataset_size=6).batches_per_epoch):
             starts = range(loader_batches, config.batches_per_epoch, max(loader_batches, 1))
             skipped = skipped | {(point.epoch, batch) for point, _ in full.model.moments for batch in starts}
-    # KNOWN-BUG-FIRST-BATCH-WITH-VALIDATION: ... and, with validation, inside an epoch's first batch (reported with
-    # issue 11); lift this once it is exact.
-    previous: CrashPoint | None = None
-    for point, _ in full.model.moments:
-        after_validation = previous is not None and previous.hook == "validation_end"
-        if point.hook == "train_batch_start" and (after_validation or (config.validation and point.batch == 0)):
-            skipped = skipped | {(point.epoch, point.batch)}
-        previous = point
     # KNOWN-BUG-LAST-STEP-VALIDATION: a checkpoint written after the batch that reaches max_steps, with a validation
     # due after it, resumes without that validation (reported with issue 11); lift this once it is exact.
     moments = full.model.moments
@@ -320,12 +307,13 @@ def _positions(config: Config, full: RunResult) -> list[list[CrashPoint]]:
     for point, step in moments:
         if point.hook == "train_batch_end" and (point.epoch, point.batch) in last_validated:
             continue
+        every = config.accumulate_grad_batches
         if (
-            point.hook == "after_backward"
-            and config.accumulate_grad_batches > 1
-            and (point.epoch, point.batch) not in steps
+            point.hook in ("after_backward", "before_optimizer_step")
+            and every > 1
+            and ((point.epoch, point.batch) not in steps or (point.batch or 0) % every)
         ):
-            continue  # inside an accumulation group: the batch's gradients are added again, with a warning
+            continue  # after a backward inside an accumulation group: the batch's gradients are added again, warned
         if point.hook in IN_BATCH and (point.epoch, point.batch) in skipped:
             continue
         # KNOWN-BUG-ITERABLE-IN-BATCH: a stateful IterableDataset's position saved inside a batch is past that batch,
@@ -367,10 +355,7 @@ def test_resume_anywhere(data, tmp_path_factory):
         else crash
         for crash in crashes
     ]
-    # IN-BATCH-HOOK-DRAWS: numpy/python are restored as of a checkpoint written inside a batch, so the model's hooks
-    # draw from them only when every crash is at a boundary; lift this once in-batch checkpoints restore them exactly.
-    at_boundaries = all(crash.hook in BOUNDARIES for crash in crashes)
-    config = replace(config, hook_draws=at_boundaries and data.draw(st.booleans(), label="hook_draws"))
+    config = replace(config, hook_draws=data.draw(st.booleans(), label="hook_draws"))
     assert_exact(resume_repeatedly(config, crashes, tmp_path))
 
 
@@ -392,6 +377,30 @@ def test_resume_anywhere(data, tmp_path_factory):
 def test_checkpoint_written_in_any_hook(crash, num_workers, tmp_path):
     """Lightning runs the interrupted batch (or epoch start) again: it starts from the states it started with."""
     config = Config(num_workers=num_workers)
+    assert_exact(interrupt_and_resume(config, crash, tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("config", "crash"),
+    [
+        # the batch right after a mid-epoch validation (after batch 4 of 10; after global batch 11, epoch 1's second)
+        (Config(validation=True, val_check_interval=0.5), CrashPoint("train_batch_start", epoch=1, batch=5)),
+        (Config(validation=True, val_check_interval=0.5), CrashPoint("before_backward", epoch=0, batch=5)),
+        (
+            Config(validation=True, val_check_interval=3, check_val_every_n_epoch=None),
+            CrashPoint("exception", epoch=1, batch=2),
+        ),
+        # an epoch's first batch, after the previous epoch's validation (and the very first batch)
+        (Config(validation=True), CrashPoint("train_batch_start", epoch=1, batch=0)),
+        (Config(validation=True), CrashPoint("train_batch_start", epoch=0, batch=0)),
+        (Config(validation=True, num_workers=2), CrashPoint("before_backward", epoch=2, batch=0)),
+    ],
+    ids=["mid-epoch", "mid-epoch-0", "every-3-batches", "epoch-start", "first-batch", "epoch-start-workers"],
+)
+def test_checkpoint_inside_the_batch_after_a_validation(config, crash, tmp_path):
+    """Resuming inside the batch after a validation, stock Lightning starts the validation loader's iterator to skip
+    the validation the checkpoint already holds, and its shuffling draws from torch's generator: the batch must still
+    run from the states it started with."""
     assert_exact(interrupt_and_resume(config, crash, tmp_path))
 
 

@@ -228,6 +228,38 @@ def test_modelcheckpoints_last_written_when_max_steps_stopped_the_epoch_continue
     assert_exact(Comparison(full, first, resumed))
 
 
+@pytest.mark.parametrize(
+    ("every", "crash"),
+    [
+        (2, CrashPoint("train_batch_start", epoch=0, batch=1)),
+        (2, CrashPoint("before_backward", epoch=1, batch=5)),
+        (2, CrashPoint("exception", epoch=1, batch=3)),
+        (4, CrashPoint("before_backward", epoch=1, batch=9)),  # the group of batches 8, 9 that the epoch's end closes
+        (3, CrashPoint("before_optimizer_step", epoch=1, batch=9)),  # a group of one (batch 9): zeroed when run again
+    ],
+    ids=repr,
+)
+def test_a_checkpoint_inside_the_batch_that_ends_an_accumulation_group_keeps_the_groups_gradients(
+    every, crash, tmp_path, recwarn
+):
+    """Lightning runs the interrupted batch again without zeroing the gradients (it zeroes them at a group's first
+    batch only): it needs those of the group's earlier batches, also in the batch that steps."""
+    assert_exact(interrupt_and_resume(Config(accumulate_grad_batches=every), crash, tmp_path))
+    assert not [w for w in recwarn if "gradient accumulation group" in str(w.message)]
+
+
+def test_a_checkpoint_after_backward_in_the_batch_that_ends_an_accumulation_group_warns(tmp_path):
+    """After that batch's backward, its gradients are in those saved: running it again adds them twice (warned)."""
+    config = Config(accumulate_grad_batches=2, hook_draws=False)
+    crash = CrashPoint("before_optimizer_step", epoch=1, batch=5)
+    with pytest.warns(UserWarning, match="after the backward pass of a batch inside a gradient accumulation group"):
+        comparison = interrupt_and_resume(config, crash, tmp_path)
+    full, interrupted, resumed = comparison.full, comparison.interrupted, comparison.resumed
+    assert interrupted.seen + resumed.seen == full.seen
+    differ = [name for (name, a), b in zip(full.model.named_parameters(), resumed.model.parameters()) if not a.equal(b)]
+    assert differ
+
+
 def test_a_checkpoint_after_backward_inside_an_accumulation_group_warns_and_adds_that_batch_twice(tmp_path):
     """Batch 4 is in the accumulation group of batches 3, 4, 5: its gradients are saved, and it runs again."""
     config = Config(accumulate_grad_batches=3, hook_draws=False)

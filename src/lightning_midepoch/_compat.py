@@ -22,8 +22,8 @@ import inspect
 import os
 import sys
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +72,7 @@ REQUIRED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
         "advance",
         "reset",
     ),
+    "val_loop": ("increment_progress_to_evaluation_end",),
 }
 
 #: Private names of the fetchers and combined_loader modules (checked with the fetcher).
@@ -215,6 +216,7 @@ def check_supported(trainer: Trainer) -> None:
         "checkpoint_connector": getattr(trainer, "_checkpoint_connector", None),
         "fit_loop": trainer.fit_loop,
         "epoch_loop": trainer.fit_loop.epoch_loop,
+        "val_loop": getattr(trainer.fit_loop.epoch_loop, "val_loop", None),
     }
     missing = [
         f"{name}.{attribute}"
@@ -507,6 +509,26 @@ def stock_warning_suppressed() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=STOCK_NOT_RESUMABLE_WARNING)
         yield
+
+
+@contextmanager
+def evaluation_skip_wrapped(val_loop: Any, wrap: Callable[[], AbstractContextManager[None]]) -> Iterator[None]:
+    """Run the validation loop's ``increment_progress_to_evaluation_end`` inside the context manager ``wrap()``.
+
+    The stock epoch loop calls it on a restart whose last batch was due a validation (one the checkpoint already
+    holds): it sets up the validation loader and starts its iterator, only to skip over it.
+    """
+    stock = val_loop.increment_progress_to_evaluation_end
+
+    def wrapped() -> None:
+        with wrap():
+            stock()
+
+    val_loop.increment_progress_to_evaluation_end = wrapped  # this instance only, for the block
+    try:
+        yield
+    finally:
+        del val_loop.increment_progress_to_evaluation_end
 
 
 def unsaved_buffer(dataset: object) -> str | None:

@@ -12,6 +12,8 @@ classes themselves are never changed. What they change with respect to stock Lig
 * A checkpoint written in ``on_train_epoch_start`` starts that epoch afresh (stock Lightning first replays the
   previous epoch's last batch position and numbers the epoch one too high).
 * The random states and partial gradients saved with the checkpoint are restored before the epoch continues.
+* The validation loader iterator that stock Lightning starts on resume, only to skip a validation the checkpoint
+  already holds, draws nothing from the process-wide random generators.
 * The stock "dataloader is not resumable" warning is not given: this path is supported.
 
 A run that never resumes goes through the stock code unchanged.
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
-from lightning_midepoch import _compat
+from lightning_midepoch import _compat, _rng
 from lightning_midepoch._mixin import stock_reduce
 
 if TYPE_CHECKING:
@@ -160,4 +162,12 @@ class _ResumableTrainingEpochLoop(_EpochLoopBase):
             if not self._should_accumulate():
                 self._batches_that_stepped -= 1  # reset() already counted this batch; on_advance_end counts it
             return
-        super().advance(data_fetcher)
+        if not self.restarting:
+            super().advance(data_fetcher)
+            return
+        # the first batch after a resume, where the last batch before it was due a validation (a mid-epoch one, or
+        # the previous epoch's last): stock Lightning starts the validation loader's iterator to skip that validation,
+        # and a shuffling loader draws from torch's global generator there, which the uninterrupted run did not (the
+        # batch would then run from other states than those the checkpoint restored)
+        with _compat.evaluation_skip_wrapped(self.val_loop, _rng.isolated_global):
+            super().advance(data_fetcher)

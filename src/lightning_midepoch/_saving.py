@@ -193,13 +193,22 @@ class Saver:
     def _partial_grads(self) -> dict[str, torch.Tensor] | None:
         """Gradients accumulated so far and not yet stepped with (Lightning's checkpoint does not hold them).
 
-        Under automatic optimization: inside an unfinished accumulation group. Under manual optimization the step
-        decides when it steps: whenever a gradient is not all zero bits (no pending gradients, the usual case at a
-        step's end, keeps the checkpoint small; all-zero gradients come back as ``None``, as they start in any fit).
+        Under automatic optimization: inside an unfinished accumulation group, or inside any batch of a group but its
+        first (the group's last included: Lightning zeroes the gradients at a group's first batch only, so a resumed
+        run that runs such a batch again adds to the gradients of the group's earlier batches, which it needs).
+        Under manual optimization the step decides when it steps: whenever a gradient is not all zero bits (no
+        pending gradients, the usual case at a step's end, keeps the checkpoint small; all-zero gradients come back
+        as ``None``, as they start in any fit).
         """
-        module = self.session.trainer.lightning_module
-        if module.automatic_optimization and not self.session.trainer.fit_loop.epoch_loop._should_accumulate():
-            return None
+        trainer = self.session.trainer
+        module = trainer.lightning_module
+        if module.automatic_optimization:
+            epoch_loop = trainer.fit_loop.epoch_loop
+            batch = epoch_loop.batch_progress.current
+            in_batch = batch.processed < batch.ready  # type: ignore[attr-defined]
+            rerun_continues_group = in_batch and epoch_loop.batch_idx % trainer.accumulate_grad_batches != 0
+            if not (rerun_continues_group or epoch_loop._should_accumulate()):
+                return None
         pending = {name: p.grad for name, p in module.named_parameters() if p.grad is not None}
         if not module.automatic_optimization and not any(map(_nonzero_bits, pending.values())):
             return None

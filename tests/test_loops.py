@@ -189,6 +189,37 @@ def test_combined_loader(mode, batch, num_workers, tmp_path):
     assert_exact(interrupt_and_resume(config, CrashPoint("train_batch_end", epoch=1, batch=batch), tmp_path))
 
 
+@pytest.mark.parametrize("hook", ["train_batch_start", "before_backward", "exception"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_checkpoint_inside_the_batch_where_a_cycling_loader_starts_over(hook, num_workers, tmp_path):
+    """The size-5 loader has one batch: the fetch of batch 1 starts its next pass, which a resume must replay."""
+    config = Config(dataset_size=5, batch_size=3, drop_last=True, combined="max_size_cycle", num_workers=num_workers)
+    assert_exact(interrupt_and_resume(config, CrashPoint(hook, epoch=0, batch=1), tmp_path))
+    # ... and in a longer epoch, where the short loader (3 batches) starts over at batch 3
+    assert_exact(interrupt_and_resume(Config(combined="max_size_cycle"), CrashPoint(hook, 1, 3), tmp_path / "long"))
+
+
+@pytest.mark.parametrize(
+    "crash",
+    [
+        CrashPoint("before_backward", epoch=1, batch=3),
+        CrashPoint("train_batch_start", epoch=0, batch=0),
+        CrashPoint("exception", epoch=1, batch=9),  # the epoch's last batch: the fetch after it met the end
+        CrashPoint("before_optimizer_step", epoch=2, batch=5),
+    ],
+    ids=repr,
+)
+def test_stateful_iterable_checkpoint_inside_a_batch(crash, tmp_path):
+    """The dataset's position saved inside a batch is the one before that batch: Lightning fetches it again."""
+    assert_exact(interrupt_and_resume(Config(iterable="stateful"), crash, tmp_path))
+
+
+def test_stateful_iterable_checkpoint_inside_a_batch_after_a_resume(tmp_path):
+    """The first fetch after a resume counts from the resumed batch: a checkpoint in that batch still finds it."""
+    crashes = [CrashPoint("train_batch_end", 1, 2), CrashPoint("before_backward", 1, 3)]
+    assert_exact(resume_repeatedly(Config(iterable="stateful"), crashes, tmp_path))
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize(
     "crashes",
@@ -292,13 +323,6 @@ def _positions(config: Config, full: RunResult) -> list[list[CrashPoint]]:
     skipped = steps if config.accumulate_grad_batches > 1 else set()
     # KNOWN-BUG-AFTER-VALIDATION: a checkpoint written inside the batch right after a mid-epoch validation restores
     # torch's states of before that validation (reported with issue 11); lift this once it is exact.
-    # KNOWN-BUG-CYCLE-IN-BATCH: ... and inside a batch in which a max_size_cycle loader starts over (reported with
-    # issue 11); lift this once it is exact.
-    if config.combined == "max_size_cycle":
-        alone = replace(config, combined=None, limit_train_batches=None)
-        for loader_batches in (alone.batches_per_epoch, replace(alone, dataset_size=6).batches_per_epoch):
-            starts = range(loader_batches, config.batches_per_epoch, max(loader_batches, 1))
-            skipped = skipped | {(point.epoch, batch) for point, _ in full.model.moments for batch in starts}
     # KNOWN-BUG-FIRST-BATCH-WITH-VALIDATION: ... and, with validation, inside an epoch's first batch (reported with
     # issue 11); lift this once it is exact.
     previous: CrashPoint | None = None
@@ -328,9 +352,9 @@ def _positions(config: Config, full: RunResult) -> list[list[CrashPoint]]:
             continue  # inside an accumulation group: the batch's gradients are added again, with a warning
         if point.hook in IN_BATCH and (point.epoch, point.batch) in skipped:
             continue
-        # KNOWN-BUG-ITERABLE-IN-BATCH: a stateful IterableDataset's position saved inside a batch is past that batch,
-        # so its samples are lost (and an epoch 0 start was seen inexact too; reported with issue 11); lift once exact.
-        if config.iterable is not None and (point.hook in IN_BATCH or point.hook == "train_epoch_start"):
+        # KNOWN-BUG-ITERABLE-EPOCH-START: a stateful IterableDataset's checkpoint written in epoch 0's
+        # on_train_epoch_start resumes with other random states (reported with issue 11); lift once exact.
+        if config.iterable is not None and point.hook == "train_epoch_start":
             continue
         here = [point]
         if point.hook == "train_batch_start":  # training_step raises in this batch: OnExceptionCheckpoint

@@ -48,8 +48,9 @@ class Saver:
 
     def __init__(self, session: _Session) -> None:
         self.session = session
-        # iterable datasets that save their own position: their states before each of the latest fetches
-        self.dataset_history: dict[int, deque[Any]] = {}
+        # iterable datasets that save their own position: their states before each of the latest fetches of this
+        # epoch's iterator, each with the fetcher's count of fetched batches then
+        self.dataset_history: dict[int, deque[tuple[int, Any]]] = {}
         self.epoch_start: dict[str, Any] | None = None  # before on_train_epoch_start
         self.batch_start: dict[str, Any] | None = None  # torch's generators after the batch was fetched
         self.batch_start_rest = _rawstate.BatchStartStates()  # ... and numpy's and Python's, read cheaply
@@ -79,8 +80,14 @@ class Saver:
 
     def before_fetch(self) -> None:
         """Called right before every fetch from the train loaders."""
+        fetched = getattr(self.session.fetcher, "fetched", 0)
         for index, history in self.dataset_history.items():
-            history.append(self.session.loaders[index].dataset.state_dict())
+            history.append((fetched, self.session.loaders[index].dataset.state_dict()))
+
+    def iterator_started(self) -> None:
+        """Called when the epoch's train iterator is (re)created: the fetcher counts its batches from zero again."""
+        for history in self.dataset_history.values():
+            history.clear()
 
     def state_dict(self) -> dict[str, Any]:
         """The callback's checkpoint state (see :mod:`lightning_midepoch._state` for the layout)."""
@@ -144,13 +151,24 @@ class Saver:
         return Snapshot(facts, rank_state, trainer.global_rank, trainer.world_size, _compat.interrupted(trainer))
 
     def _dataset_state(self, index: int) -> Any:
-        """An iterable dataset's own position at the first batch the loop has not consumed."""
+        """An iterable dataset's own position at the first batch a resumed run fetches (before its fetch)."""
         history = self.dataset_history.get(index)
         if history is None:
             return None
-        pending = len(getattr(self.session.fetcher, "batches", ()))  # fetched ahead, not consumed yet
-        if pending and len(history) >= pending:
-            return history[-pending]
+        fetcher = self.session.fetcher
+        pending = len(getattr(fetcher, "batches", ()))  # fetched ahead, not consumed yet
+        batch = self.session.trainer.fit_loop.epoch_loop.batch_progress.current
+        if batch.processed < batch.ready and not _compat.steps_pull_batches(fetcher):  # type: ignore[attr-defined]
+            pending += 1  # written inside a batch: Lightning fetches that batch again
+        # the fetches that returned a batch (the fetcher counted one more after them); not the one that met the end
+        counts = [count for count, _ in history]
+        fetches = [
+            state
+            for (count, state), later in zip(history, [*counts[1:], getattr(fetcher, "fetched", 0)])
+            if later > count
+        ]
+        if pending and len(fetches) >= pending:
+            return fetches[-pending]
         return self.session.loaders[index].dataset.state_dict()
 
     def _live_states(self, grads_pending: bool) -> dict[str, Any]:

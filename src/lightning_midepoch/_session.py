@@ -126,6 +126,7 @@ class _Session:
 
     def start_epoch(self) -> None:
         """The train iterator is being created: every recorder's next pass is the epoch's first."""
+        self.saver.iterator_started()
         for recorder in self.recorders:
             if recorder is not None:
                 recorder.start_epoch()
@@ -320,6 +321,15 @@ class _Session:
                 continue
             pass_index, skip = S.loader_position(mode, consumed, len(recorder))
             record = records[index]
+            if (
+                record is not None
+                and record["epoch"] == epoch
+                and record["index"] == pass_index + 1
+                and skip == len(recorder)
+            ):
+                # written inside the batch whose fetch started this cycling loader's next pass: Lightning fetches
+                # that batch again, and it must come from that pass (recorded), not from a fresh draw at its restart
+                pass_index, skip = pass_index + 1, 0
             replay_record = None
             if record is not None and record["epoch"] == epoch and record["index"] == pass_index:
                 replay_record = _PassRecord.from_state_dict(record)

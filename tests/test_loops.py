@@ -214,6 +214,13 @@ def test_stateful_iterable_checkpoint_inside_a_batch(crash, tmp_path):
     assert_exact(interrupt_and_resume(Config(iterable="stateful"), crash, tmp_path))
 
 
+@pytest.mark.parametrize("epoch", [0, 1])  # Lightning starts epoch 0's iterator before the hook, a later one after
+@pytest.mark.parametrize("hook_draws", [False, True])
+def test_stateful_iterable_checkpoint_at_an_epoch_start(epoch, hook_draws, tmp_path):
+    config = Config(iterable="stateful", hook_draws=hook_draws)
+    assert_exact(interrupt_and_resume(config, CrashPoint("train_epoch_start", epoch=epoch), tmp_path))
+
+
 def test_stateful_iterable_checkpoint_inside_a_batch_after_a_resume(tmp_path):
     """The first fetch after a resume counts from the resumed batch: a checkpoint in that batch still finds it."""
     crashes = [CrashPoint("train_batch_end", 1, 2), CrashPoint("before_backward", 1, 3)]
@@ -351,10 +358,6 @@ def _positions(config: Config, full: RunResult) -> list[list[CrashPoint]]:
         ):
             continue  # inside an accumulation group: the batch's gradients are added again, with a warning
         if point.hook in IN_BATCH and (point.epoch, point.batch) in skipped:
-            continue
-        # KNOWN-BUG-ITERABLE-EPOCH-START: a stateful IterableDataset's checkpoint written in epoch 0's
-        # on_train_epoch_start resumes with other random states (reported with issue 11); lift once exact.
-        if config.iterable is not None and point.hook == "train_epoch_start":
             continue
         here = [point]
         if point.hook == "train_batch_start":  # training_step raises in this batch: OnExceptionCheckpoint

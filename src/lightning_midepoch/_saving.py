@@ -51,6 +51,8 @@ class Saver:
         # iterable datasets that save their own position: their states before each of the latest fetches of this
         # epoch's iterator, each with the fetcher's count of fetched batches then
         self.dataset_history: dict[int, deque[tuple[int, Any]]] = {}
+        # ... and the pass each is in: its epoch's iterator was started (a checkpoint at an epoch's start tells)
+        self.dataset_passes: dict[int, dict[str, Any]] = {}
         self.epoch_start: dict[str, Any] | None = None  # before on_train_epoch_start
         self.batch_start: dict[str, Any] | None = None  # torch's generators after the batch was fetched
         self.batch_start_rest = _rawstate.BatchStartStates()  # ... and numpy's and Python's, read cheaply
@@ -62,6 +64,7 @@ class Saver:
         self.dataset_history = {
             index: deque(maxlen=8) for index, loader in enumerate(loaders) if _saves_dataset_state(loader)
         }
+        self.dataset_passes = {}
 
     def epoch_started(self) -> None:
         """Called before each epoch's ``on_train_epoch_start`` (and sampler epoch)."""
@@ -85,9 +88,18 @@ class Saver:
             history.append((fetched, self.session.loaders[index].dataset.state_dict()))
 
     def iterator_started(self) -> None:
-        """Called when the epoch's train iterator is (re)created: the fetcher counts its batches from zero again."""
-        for history in self.dataset_history.values():
+        """Called when the epoch's train iterator is (re)created: the fetcher counts its batches from zero again.
+
+        The pass record says that this epoch's iterator was started, and the states it started from. Lightning starts
+        the first epoch's iterator before ``on_train_epoch_start``: a checkpoint written there must not start it
+        again (a DataLoader iterator draws its base seed from torch's process-wide generator), as with a map-style
+        loader's pass record.
+        """
+        epoch = self.session.trainer.current_epoch
+        for index, history in self.dataset_history.items():
             history.clear()
+            at_iter = {"global": _rng.capture_global(), "objects": {}}
+            self.dataset_passes[index] = {"epoch": epoch, "index": 0, "at_iter": at_iter, "at_first_next": None}
 
     def state_dict(self) -> dict[str, Any]:
         """The callback's checkpoint state (see :mod:`lightning_midepoch._state` for the layout)."""
@@ -113,8 +125,10 @@ class Saver:
     def _snapshot_now(self, stopped: bool) -> Snapshot:
         trainer, session = self.session.trainer, self.session
         passes: list[dict[str, Any] | None] = [
-            recorder.record.state_dict() if recorder is not None and recorder.record is not None else None
-            for recorder in self.session.recorders
+            recorder.record.state_dict()
+            if recorder is not None and recorder.record is not None
+            else self.dataset_passes.get(index)
+            for index, recorder in enumerate(self.session.recorders)
         ]
         grads = self._partial_grads()
         rank_state = {

@@ -30,6 +30,7 @@ Layout (version 1)::
         "ranks": [                 # indexed by global rank
             {"rng": {...},         # live process-wide states when saved (torch, cuda, numpy, python)
              "passes": [record | None],        # per loader: the states its current pass drew its order from
+                                               # (an iterable dataset's: the states its epoch's iterator started at)
              "generators": [dict | None],      # per loader: live states of generators its sampler/loader own
              "dataset_states": [dict | None],  # per loader: an IterableDataset's own state_dict(), if it has one
              "grads": {name: tensor} | None},  # partial gradients of an unfinished accumulation group

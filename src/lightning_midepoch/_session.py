@@ -319,17 +319,9 @@ class _Session:
         for index, recorder in enumerate(self.recorders):
             if recorder is None:
                 continue
-            pass_index, skip = S.loader_position(mode, consumed, len(recorder))
             record = records[index]
-            if (
-                record is not None
-                and record["epoch"] == epoch
-                and record["index"] == pass_index + 1
-                and skip == len(recorder)
-            ):
-                # written inside the batch whose fetch started this cycling loader's next pass: Lightning fetches
-                # that batch again, and it must come from that pass (recorded), not from a fresh draw at its restart
-                pass_index, skip = pass_index + 1, 0
+            recorded_pass = record["index"] if record is not None and record["epoch"] == epoch else None
+            pass_index, skip = S.loader_position(mode, consumed, len(recorder), recorded_pass)
             replay_record = None
             if record is not None and record["epoch"] == epoch and record["index"] == pass_index:
                 replay_record = _PassRecord.from_state_dict(record)

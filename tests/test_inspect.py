@@ -455,6 +455,17 @@ def test_cycling_loader_reports_its_pass(ckpts):
     assert "4 batches, 8 samples (pass 2 of the epoch)" in _inspect.render_text(report)
 
 
+def test_cycling_loader_written_in_the_batch_that_restarted_it(tmp_path):
+    """Inside the batch whose fetch started the loader's next pass, the resume continues in that recorded pass."""
+    config = Config(dataset_size=5, batch_size=3, drop_last=True, combined="max_size_cycle")
+    crash = CrashPoint("before_backward", epoch=0, batch=1)
+    assert run(config, tmp_path, crash=crash).crashed
+    report = analysed(load(checkpoint_path(tmp_path, crash)))
+    loader = report.loaders[0]  # one batch per pass: batch 1 is its second pass's first
+    assert (loader.pass_index, loader.batches_consumed, loader.continues) == (1, 1, "exactly")
+    assert report.verdict == "exact"
+
+
 def test_custom_batch_sampler_has_no_sample_count(ckpts):
     checkpoint = load(ckpts["exact"])
     checkpoint["callbacks"]["MidEpochResume"]["loaders"][0]["batch_size"] = None

@@ -189,6 +189,44 @@ def test_combined_loader(mode, batch, num_workers, tmp_path):
     assert_exact(interrupt_and_resume(config, CrashPoint("train_batch_end", epoch=1, batch=batch), tmp_path))
 
 
+@pytest.mark.parametrize("hook", ["train_batch_start", "before_backward", "exception"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_checkpoint_inside_the_batch_where_a_cycling_loader_starts_over(hook, num_workers, tmp_path):
+    """The size-5 loader has one batch: the fetch of batch 1 starts its next pass, which a resume must replay."""
+    config = Config(dataset_size=5, batch_size=3, drop_last=True, combined="max_size_cycle", num_workers=num_workers)
+    assert_exact(interrupt_and_resume(config, CrashPoint(hook, epoch=0, batch=1), tmp_path))
+    # ... and in a longer epoch, where the short loader (3 batches) starts over at batch 3
+    assert_exact(interrupt_and_resume(Config(combined="max_size_cycle"), CrashPoint(hook, 1, 3), tmp_path / "long"))
+
+
+@pytest.mark.parametrize(
+    "crash",
+    [
+        CrashPoint("before_backward", epoch=1, batch=3),
+        CrashPoint("train_batch_start", epoch=0, batch=0),
+        CrashPoint("exception", epoch=1, batch=9),  # the epoch's last batch: the fetch after it met the end
+        CrashPoint("before_optimizer_step", epoch=2, batch=5),
+    ],
+    ids=repr,
+)
+def test_stateful_iterable_checkpoint_inside_a_batch(crash, tmp_path):
+    """The dataset's position saved inside a batch is the one before that batch: Lightning fetches it again."""
+    assert_exact(interrupt_and_resume(Config(iterable="stateful"), crash, tmp_path))
+
+
+@pytest.mark.parametrize("epoch", [0, 1])  # Lightning starts epoch 0's iterator before the hook, a later one after
+@pytest.mark.parametrize("hook_draws", [False, True])
+def test_stateful_iterable_checkpoint_at_an_epoch_start(epoch, hook_draws, tmp_path):
+    config = Config(iterable="stateful", hook_draws=hook_draws)
+    assert_exact(interrupt_and_resume(config, CrashPoint("train_epoch_start", epoch=epoch), tmp_path))
+
+
+def test_stateful_iterable_checkpoint_inside_a_batch_after_a_resume(tmp_path):
+    """The first fetch after a resume counts from the resumed batch: a checkpoint in that batch still finds it."""
+    crashes = [CrashPoint("train_batch_end", 1, 2), CrashPoint("before_backward", 1, 3)]
+    assert_exact(resume_repeatedly(Config(iterable="stateful"), crashes, tmp_path))
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize(
     "crashes",
@@ -238,10 +276,6 @@ def test_skipped_samples_are_never_loaded(tmp_path):
     assert first_epoch == list(range(14, 20))
 
 
-# Moments at a boundary between batches; the others are inside a batch (its start, step, backward, optimizer step)
-# or at an epoch's start, which a resumed run runs again.
-IN_BATCH = ("train_batch_start", "before_backward", "after_backward", "before_optimizer_step")
-
 
 @st.composite
 def _configs(draw: st.DrawFn) -> Config:
@@ -286,14 +320,6 @@ def _configs(draw: st.DrawFn) -> Config:
 def _positions(config: Config, full: RunResult) -> list[list[CrashPoint]]:
     """Where the uninterrupted run can be interrupted, in its order: the crash points at each moment it reached."""
     steps = {(point.epoch, point.batch) for point, _ in full.model.moments if point.hook == "before_optimizer_step"}
-    skipped: set[tuple[int, int | None]] = set()
-    # KNOWN-BUG-CYCLE-IN-BATCH: a checkpoint written inside a batch in which a max_size_cycle loader starts over
-    # (reported with issue 11); lift this once it is exact.
-    if config.combined == "max_size_cycle":
-        alone = replace(config, combined=None, limit_train_batches=None)
-        for loader_batches in (alone.batches_per_epoch, replace(alone, dataset_size=6).batches_per_epoch):
-            starts = range(loader_batches, config.batches_per_epoch, max(loader_batches, 1))
-            skipped = skipped | {(point.epoch, batch) for point, _ in full.model.moments for batch in starts}
     # KNOWN-BUG-LAST-STEP-VALIDATION: a checkpoint written after the batch that reaches max_steps, with a validation
     # due after it, resumes without that validation (reported with issue 11); lift this once it is exact.
     moments = full.model.moments
@@ -314,12 +340,6 @@ def _positions(config: Config, full: RunResult) -> list[list[CrashPoint]]:
             and ((point.epoch, point.batch) not in steps or (point.batch or 0) % every)
         ):
             continue  # after a backward inside an accumulation group: the batch's gradients are added again, warned
-        if point.hook in IN_BATCH and (point.epoch, point.batch) in skipped:
-            continue
-        # KNOWN-BUG-ITERABLE-IN-BATCH: a stateful IterableDataset's position saved inside a batch is past that batch,
-        # so its samples are lost (and an epoch 0 start was seen inexact too; reported with issue 11); lift once exact.
-        if config.iterable is not None and (point.hook in IN_BATCH or point.hook == "train_epoch_start"):
-            continue
         here = [point]
         if point.hook == "train_batch_start":  # training_step raises in this batch: OnExceptionCheckpoint
             here.append(CrashPoint("exception", point.epoch, point.batch))

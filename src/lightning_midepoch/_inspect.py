@@ -371,14 +371,16 @@ def _samples(batches: int, batch_size: int | None, dataset_length: int | None) -
     return batches * batch_size if dataset_length is None else min(batches * batch_size, dataset_length)
 
 
-def _consumed(point: ResumePoint, mode: str, facts: Mapping[str, Any]) -> tuple[int | None, int | None, int | None]:
+def _consumed(
+    point: ResumePoint, mode: str, facts: Mapping[str, Any], recorded_pass: int | None = None
+) -> tuple[int | None, int | None, int | None]:
     """The pass a loader is in (a cycling loader restarts within the epoch), its batches and samples consumed."""
     if point.batch is None:
         return None, None, None
     num_batches, batch_size, length = facts.get("num_batches"), facts.get("batch_size"), facts.get("dataset_length")
     if num_batches is None:  # an iterable loader without a length: one pass
         return 0, point.batch, _samples(point.batch, batch_size, length)
-    pass_index, into_pass = S.loader_position(mode, point.batch, num_batches)
+    pass_index, into_pass = S.loader_position(mode, point.batch, num_batches, recorded_pass)
     per_pass, in_pass = _samples(num_batches, batch_size, length), _samples(into_pass, batch_size, length)
     samples = None if per_pass is None or in_pass is None else pass_index * per_pass + in_pass
     return pass_index, pass_index * num_batches + into_pass, samples
@@ -390,11 +392,14 @@ def _loader_report(
     """How train dataloader ``index`` continues, from the facts and records of a valid MidEpochResume state."""
     kind = facts["kind"]
     ranks, world_size = state[S.KEY_RANKS], state[S.KEY_WORLD_SIZE]
-    pass_index, batches, samples = _consumed(point, state[S.KEY_MODE], facts)
+    records = [_rank_entry(ranks, rank, S.KEY_PASSES, index) for rank in range(world_size)]
+    # a cycling loader written inside the batch that started its next pass is in that pass (as the resume sees it)
+    first = _get(records[0], "index")
+    recorded_pass = first if isinstance(first, int) and _get(records[0], "epoch") == point.epoch else None
+    pass_index, batches, samples = _consumed(point, state[S.KEY_MODE], facts, recorded_pass)
     seed_determined = facts.get("seed_determined") is True
     if kind == S.KIND_MAP:
         # the order of the pass the loader is in, for the epoch the run continues, on every rank
-        records = [_rank_entry(ranks, rank, S.KEY_PASSES, index) for rank in range(world_size)]
         present = all(_get(r, "epoch") == point.epoch and _get(r, "index") == pass_index for r in records)
         fallback = EXACTLY if seed_determined else FRESH_ORDER
     elif kind == S.KIND_ITERABLE:

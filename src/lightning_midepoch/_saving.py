@@ -48,8 +48,11 @@ class Saver:
 
     def __init__(self, session: _Session) -> None:
         self.session = session
-        # iterable datasets that save their own position: their states before each of the latest fetches
-        self.dataset_history: dict[int, deque[Any]] = {}
+        # iterable datasets that save their own position: their states before each of the latest fetches of this
+        # epoch's iterator, each with the fetcher's count of fetched batches then
+        self.dataset_history: dict[int, deque[tuple[int, Any]]] = {}
+        # ... and the pass each is in: its epoch's iterator was started (a checkpoint at an epoch's start tells)
+        self.dataset_passes: dict[int, dict[str, Any]] = {}
         self.epoch_start: dict[str, Any] | None = None  # before on_train_epoch_start
         self.batch_start: dict[str, Any] | None = None  # torch's generators after the batch was fetched
         self.batch_start_rest = _rawstate.BatchStartStates()  # ... and numpy's and Python's, read cheaply
@@ -61,6 +64,7 @@ class Saver:
         self.dataset_history = {
             index: deque(maxlen=8) for index, loader in enumerate(loaders) if _saves_dataset_state(loader)
         }
+        self.dataset_passes = {}
 
     def epoch_started(self) -> None:
         """Called before each epoch's ``on_train_epoch_start`` (and sampler epoch)."""
@@ -79,8 +83,23 @@ class Saver:
 
     def before_fetch(self) -> None:
         """Called right before every fetch from the train loaders."""
+        fetched = getattr(self.session.fetcher, "fetched", 0)
         for index, history in self.dataset_history.items():
-            history.append(self.session.loaders[index].dataset.state_dict())
+            history.append((fetched, self.session.loaders[index].dataset.state_dict()))
+
+    def iterator_started(self) -> None:
+        """Called when the epoch's train iterator is (re)created: the fetcher counts its batches from zero again.
+
+        The pass record says that this epoch's iterator was started, and the states it started from. Lightning starts
+        the first epoch's iterator before ``on_train_epoch_start``: a checkpoint written there must not start it
+        again (a DataLoader iterator draws its base seed from torch's process-wide generator), as with a map-style
+        loader's pass record.
+        """
+        epoch = self.session.trainer.current_epoch
+        for index, history in self.dataset_history.items():
+            history.clear()
+            at_iter = {"global": _rng.capture_global(), "objects": {}}
+            self.dataset_passes[index] = {"epoch": epoch, "index": 0, "at_iter": at_iter, "at_first_next": None}
 
     def state_dict(self) -> dict[str, Any]:
         """The callback's checkpoint state (see :mod:`lightning_midepoch._state` for the layout)."""
@@ -106,8 +125,10 @@ class Saver:
     def _snapshot_now(self, stopped: bool) -> Snapshot:
         trainer, session = self.session.trainer, self.session
         passes: list[dict[str, Any] | None] = [
-            recorder.record.state_dict() if recorder is not None and recorder.record is not None else None
-            for recorder in self.session.recorders
+            recorder.record.state_dict()
+            if recorder is not None and recorder.record is not None
+            else self.dataset_passes.get(index)
+            for index, recorder in enumerate(self.session.recorders)
         ]
         grads = self._partial_grads()
         rank_state = {
@@ -144,13 +165,24 @@ class Saver:
         return Snapshot(facts, rank_state, trainer.global_rank, trainer.world_size, _compat.interrupted(trainer))
 
     def _dataset_state(self, index: int) -> Any:
-        """An iterable dataset's own position at the first batch the loop has not consumed."""
+        """An iterable dataset's own position at the first batch a resumed run fetches (before its fetch)."""
         history = self.dataset_history.get(index)
         if history is None:
             return None
-        pending = len(getattr(self.session.fetcher, "batches", ()))  # fetched ahead, not consumed yet
-        if pending and len(history) >= pending:
-            return history[-pending]
+        fetcher = self.session.fetcher
+        pending = len(getattr(fetcher, "batches", ()))  # fetched ahead, not consumed yet
+        batch = self.session.trainer.fit_loop.epoch_loop.batch_progress.current
+        if batch.processed < batch.ready and not _compat.steps_pull_batches(fetcher):  # type: ignore[attr-defined]
+            pending += 1  # written inside a batch: Lightning fetches that batch again
+        # the fetches that returned a batch (the fetcher counted one more after them); not the one that met the end
+        counts = [count for count, _ in history]
+        fetches = [
+            state
+            for (count, state), later in zip(history, [*counts[1:], getattr(fetcher, "fetched", 0)])
+            if later > count
+        ]
+        if pending and len(fetches) >= pending:
+            return fetches[-pending]
         return self.session.loaders[index].dataset.state_dict()
 
     def _live_states(self, grads_pending: bool) -> dict[str, Any]:

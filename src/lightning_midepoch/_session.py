@@ -126,6 +126,7 @@ class _Session:
 
     def start_epoch(self) -> None:
         """The train iterator is being created: every recorder's next pass is the epoch's first."""
+        self.saver.iterator_started()
         for recorder in self.recorders:
             if recorder is not None:
                 recorder.start_epoch()
@@ -328,8 +329,9 @@ class _Session:
         for index, recorder in enumerate(self.recorders):
             if recorder is None:
                 continue
-            pass_index, skip = S.loader_position(mode, consumed, len(recorder))
             record = records[index]
+            recorded_pass = record["index"] if record is not None and record["epoch"] == epoch else None
+            pass_index, skip = S.loader_position(mode, consumed, len(recorder), recorded_pass)
             replay_record = None
             if record is not None and record["epoch"] == epoch and record["index"] == pass_index:
                 replay_record = _PassRecord.from_state_dict(record)

@@ -30,6 +30,7 @@ Layout (version 1)::
         "ranks": [                 # indexed by global rank
             {"rng": {...},         # live process-wide states when saved (torch, cuda, numpy, python)
              "passes": [record | None],        # per loader: the states its current pass drew its order from
+                                               # (an iterable dataset's: the states its epoch's iterator started at)
              "generators": [dict | None],      # per loader: live states of generators its sampler/loader own
              "dataset_states": [dict | None],  # per loader: an IterableDataset's own state_dict(), if it has one
              "grads": {name: tensor} | None},  # partial gradients of an unfinished accumulation group
@@ -290,14 +291,26 @@ _FACT_NAMES = {
 }
 
 
-def loader_position(mode: str, consumed: int, length: int) -> tuple[int, int]:
+def loader_position(mode: str, consumed: int, length: int, recorded_pass: int | None = None) -> tuple[int, int]:
     """Which pass of a loader the epoch's ``consumed``-th batch came from, and how far into that pass it was.
 
     In ``max_size_cycle`` mode a loader shorter than the epoch restarts when exhausted; a loader exactly exhausted at
-    the checkpoint is still in its finished pass (it restarts at the next fetch, as it would have).
+    the checkpoint is still in its finished pass (it restarts at the next fetch, as it would have), unless the
+    checkpoint recorded (``recorded_pass``, this epoch's) that its next pass had started.
+
+    Example:
+        >>> loader_position("max_size_cycle", 6, 3), loader_position("max_size_cycle", 7, 3)
+        ((1, 3), (2, 1))
+        >>> loader_position("max_size_cycle", 6, 3, recorded_pass=2)  # written inside batch 6, which started pass 2
+        (2, 0)
+
     """
     if mode == "max_size_cycle" and length > 0 and consumed > 0:
         index = (consumed - 1) // length
+        if recorded_pass == index + 1 and consumed == recorded_pass * length:
+            # written inside the batch whose fetch started the next pass: Lightning fetches that batch again, and it
+            # must come from that pass (recorded), not from a pass started afresh
+            return recorded_pass, 0
         return index, consumed - index * length
     if mode == "max_size":
         return 0, min(consumed, length)

@@ -276,7 +276,6 @@ def test_skipped_samples_are_never_loaded(tmp_path):
     assert first_epoch == list(range(14, 20))
 
 
-
 @st.composite
 def _configs(draw: st.DrawFn) -> Config:
     """Any setting of the harness's ``Config`` (hook_draws is drawn with the crash points, which restrict it)."""

@@ -210,6 +210,31 @@ def test_repeated_resumes(crashes, num_workers, tmp_path):
     assert_exact(resume_repeatedly(Config(num_workers=num_workers), crashes, tmp_path))
 
 
+@pytest.mark.parametrize(
+    ("config", "crashes"),
+    [
+        # the run resumed from an epoch's start counted that epoch "ready" once less: its epoch-end checkpoint then
+        # resumed past the next epoch
+        (
+            Config(dataset_size=8, batch_size=4, drop_last=True, max_epochs=2),
+            [CrashPoint("train_epoch_start", 0), CrashPoint("train_epoch_end", 0)],
+        ),
+        (Config(), [CrashPoint("train_epoch_start", 1), CrashPoint("train_batch_end", 1, 4)]),
+        (Config(), [CrashPoint("train_epoch_start", 1), CrashPoint("train_epoch_end", 1)]),
+        # with max_steps, Lightning ran an epoch-end checkpoint's epoch end again and counted one epoch too many
+        (
+            Config(dataset_size=5, batch_size=3, max_epochs=2, max_steps=2, accumulate_grad_batches=2),
+            [CrashPoint("train_epoch_end", 0)],
+        ),
+        (Config(max_steps=25), [CrashPoint("train_epoch_end", 0)]),
+        (Config(max_steps=25, max_epochs=3), [CrashPoint("train_epoch_start", 1), CrashPoint("train_epoch_end", 1)]),
+    ],
+    ids=["start-then-end", "start-then-batch", "start-then-end-later", "end-max-steps", "end-max-steps-2", "both"],
+)
+def test_resumed_epoch_boundaries(config, crashes, tmp_path):
+    assert_exact(resume_repeatedly(replace(config, hook_draws=True), crashes, tmp_path))
+
+
 @pytest.mark.parametrize("combined", [None, "max_size_cycle"])
 def test_repeated_resumes_with_cycling_loader(combined, tmp_path):
     crashes = [
@@ -358,9 +383,6 @@ def test_resume_anywhere(data, tmp_path_factory):
         st.lists(st.integers(0, len(positions) - 1), min_size=1, max_size=count, unique=True), label="positions"
     )
     crashes = [data.draw(st.sampled_from(positions[index]), label="crash") for index in sorted(picked)]
-    # KNOWN-BUG-EPOCH-START-CHAIN: resuming from a train_epoch_end checkpoint of a run that was itself resumed from a
-    # train_epoch_start checkpoint skips the next epoch (reported with issue 11); lift this once it is exact.
-    assume(all(crash.hook != "train_epoch_start" for crash in crashes[:-1]))
     crashes = [
         replace(crash, every=data.draw(st.sampled_from([1, 2]), label="every"))
         if crash.hook == "model_checkpoint" and crash.step % 2 == 0

@@ -94,6 +94,10 @@ class _ResumableFitLoop(_FitLoopBase):
             # a checkpoint from on_train_epoch_start: the batch progress it holds is the previous epoch's, and
             # stock Lightning would "finish" that epoch a second time. The epoch loop starts this epoch afresh.
             self.epoch_loop.restarting = False
+            # stock Lightning also takes back the epoch's "ready" (reset_on_restart) without counting it again in
+            # on_advance_start: a checkpoint written later in this epoch would then look like one from an earlier
+            # stage (from its end: "finished", so a resume from it skipped the next epoch)
+            _compat.count_epoch_ready(self.epoch_progress)
 
     @override
     def on_advance_start(self) -> None:

@@ -170,6 +170,11 @@ class _Session:
             self.resuming = True
             self.reopen_stopped_epoch()
             fit_loop = self.trainer.fit_loop
+            if fit_loop.restarting and _compat.epoch_trained(fit_loop.epoch_progress):
+                # every batch of the epoch was run (a checkpoint from on_train_epoch_end, or after fit): Lightning
+                # starts the next epoch, except with max_steps set, where its fit loop always counts as restarting
+                # and so runs the ended epoch's end again (the next epoch never starts when that reaches max_epochs)
+                _compat.stop_restarting(fit_loop)
             batch = fit_loop.epoch_loop.batch_progress.current  # as saved: each stage counted (a _BatchProgress)
             self.restored_in_batch = batch.processed < batch.ready  # type: ignore[attr-defined]
             if _compat.epoch_finished(fit_loop.epoch_progress):

@@ -167,6 +167,40 @@ def test_manual_optimization_checkpoint_after_backward_warns(tmp_path):
         (Config(manual=True), CrashPoint("train_epoch_end", epoch=0)),
         (Config(drop_last=True, dataset_size=21, batch_size=4), CrashPoint("train_batch_end", epoch=1, batch=2)),
         (Config(dataset_size=21, batch_size=4), CrashPoint("train_batch_end", epoch=1, batch=5)),
+        # the batch that reaches max_steps, with a validation due after it: stock Lightning stopped before that
+        (
+            Config(
+                dataset_size=8,
+                batch_size=1,
+                max_epochs=2,
+                max_steps=2,
+                limit_train_batches=1,
+                validation=True,
+                val_check_interval=2,
+                check_val_every_n_epoch=None,
+            ),
+            CrashPoint("train_batch_end", epoch=1, batch=0),
+        ),
+        (
+            Config(max_steps=15, validation=True, val_check_interval=5, check_val_every_n_epoch=None),
+            CrashPoint("train_batch_end", epoch=1, batch=4),
+        ),
+        (Config(max_steps=15), CrashPoint("train_batch_end", epoch=1, batch=4)),
+        # an epoch that reloads the loaders started a pass before on_train_epoch_start: not the one that is used
+        (Config(reload_every_n=1), CrashPoint("train_epoch_start", epoch=1)),
+        (Config(reload_every_n=2, max_epochs=4), CrashPoint("train_epoch_start", epoch=2)),
+        (
+            Config(
+                loader="batch_sampler_python",
+                num_workers=2,
+                dataset_size=7,
+                batch_size=2,
+                max_epochs=2,
+                validation=True,
+                reload_every_n=1,
+            ),
+            CrashPoint("train_epoch_start", epoch=1),
+        ),
     ],
     ids=lambda value: repr(value) if isinstance(value, CrashPoint) else None,
 )
@@ -332,19 +366,9 @@ def _positions(config: Config, full: RunResult) -> list[list[CrashPoint]]:
         if point.hook == "train_batch_start" and (after_validation or (config.validation and point.batch == 0)):
             skipped = skipped | {(point.epoch, point.batch)}
         previous = point
-    # KNOWN-BUG-LAST-STEP-VALIDATION: a checkpoint written after the batch that reaches max_steps, with a validation
-    # due after it, resumes without that validation (reported with issue 11); lift this once it is exact.
-    moments = full.model.moments
-    last_validated = {
-        (point.epoch, point.batch)
-        for (point, step), (after, _) in zip(moments, moments[1:])
-        if point.hook == "train_batch_end" and step == config.max_steps and after.hook == "validation_end"
-    }
     positions: list[list[CrashPoint]] = []
     last_step = 0
-    for point, step in moments:
-        if point.hook == "train_batch_end" and (point.epoch, point.batch) in last_validated:
-            continue
+    for point, step in full.model.moments:
         if (
             point.hook == "after_backward"
             and config.accumulate_grad_batches > 1

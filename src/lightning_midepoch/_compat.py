@@ -122,6 +122,7 @@ CHECKED_METHODS = (
     "loops.loop:_Loop.on_iteration_done",
     "loops.fit_loop:_FitLoop.setup_data",
     "loops.fit_loop:_FitLoop.reset",
+    "loops.fit_loop:_FitLoop.done",
     "loops.fit_loop:_FitLoop.on_advance_start",
     "loops.fit_loop:_FitLoop.on_advance_end",
     "loops.fit_loop:_FitLoop.update_restart_stage",
@@ -450,6 +451,12 @@ def epoch_finished(progress: Any) -> bool:
     """Whether the fit loop's epoch progress counts its current epoch as finished (or none started)."""
     current = progress.current
     return bool(current.ready == current.started == current.processed == current.completed)
+
+
+def restored_on_batch_end(progress: Any) -> bool:
+    """Whether the epoch loop's restored batch progress was saved in ``on_train_batch_end`` (Lightning's test)."""
+    total = progress.total
+    return bool(total.ready == total.started == total.processed == total.completed + 1)
 
 
 def epoch_trained(progress: Any) -> bool:

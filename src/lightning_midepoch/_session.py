@@ -293,7 +293,10 @@ class _Session:
         records: list[Any] = list(rank_state[S.KEY_PASSES]) if rank_state is not None else []
         records += [None] * (len(self.loaders) - len(records))
         new_epoch = not (fit_loop.restarted_mid_epoch or fit_loop.restarted_on_epoch_end)
-        recorded_here = any(record is not None and record["epoch"] == epoch for record in records)
+        # a pass recorded in this epoch before its first batch is the epoch's own in epoch 0 only (started by the
+        # fit loop's setup_data); later, an epoch that reloads the loaders starts a pass there too, but the stock
+        # epoch loop starts another one after on_train_epoch_start, and that one draws the epoch's order
+        recorded_here = epoch == 0 and any(record is not None and record["epoch"] == epoch for record in records)
         starts_epoch = new_epoch and consumed == 0 and not recorded_here
         if self.loaded is None and not self.discarded and not (self.entry_found and starts_epoch):
             # (an entry that recorded nothing comes from a trainer that had not trained: nothing was lost)

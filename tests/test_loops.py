@@ -167,6 +167,40 @@ def test_manual_optimization_checkpoint_after_backward_warns(tmp_path):
         (Config(manual=True), CrashPoint("train_epoch_end", epoch=0)),
         (Config(drop_last=True, dataset_size=21, batch_size=4), CrashPoint("train_batch_end", epoch=1, batch=2)),
         (Config(dataset_size=21, batch_size=4), CrashPoint("train_batch_end", epoch=1, batch=5)),
+        # the batch that reaches max_steps, with a validation due after it: stock Lightning stopped before that
+        (
+            Config(
+                dataset_size=8,
+                batch_size=1,
+                max_epochs=2,
+                max_steps=2,
+                limit_train_batches=1,
+                validation=True,
+                val_check_interval=2,
+                check_val_every_n_epoch=None,
+            ),
+            CrashPoint("train_batch_end", epoch=1, batch=0),
+        ),
+        (
+            Config(max_steps=15, validation=True, val_check_interval=5, check_val_every_n_epoch=None),
+            CrashPoint("train_batch_end", epoch=1, batch=4),
+        ),
+        (Config(max_steps=15), CrashPoint("train_batch_end", epoch=1, batch=4)),
+        # an epoch that reloads the loaders started a pass before on_train_epoch_start: not the one that is used
+        (Config(reload_every_n=1), CrashPoint("train_epoch_start", epoch=1)),
+        (Config(reload_every_n=2, max_epochs=4), CrashPoint("train_epoch_start", epoch=2)),
+        (
+            Config(
+                loader="batch_sampler_python",
+                num_workers=2,
+                dataset_size=7,
+                batch_size=2,
+                max_epochs=2,
+                validation=True,
+                reload_every_n=1,
+            ),
+            CrashPoint("train_epoch_start", epoch=1),
+        ),
     ],
     ids=lambda value: repr(value) if isinstance(value, CrashPoint) else None,
 )
@@ -248,6 +282,31 @@ def test_repeated_resumes(crashes, num_workers, tmp_path):
     assert_exact(resume_repeatedly(Config(num_workers=num_workers), crashes, tmp_path))
 
 
+@pytest.mark.parametrize(
+    ("config", "crashes"),
+    [
+        # the run resumed from an epoch's start counted that epoch "ready" once less: its epoch-end checkpoint then
+        # resumed past the next epoch
+        (
+            Config(dataset_size=8, batch_size=4, drop_last=True, max_epochs=2),
+            [CrashPoint("train_epoch_start", 0), CrashPoint("train_epoch_end", 0)],
+        ),
+        (Config(), [CrashPoint("train_epoch_start", 1), CrashPoint("train_batch_end", 1, 4)]),
+        (Config(), [CrashPoint("train_epoch_start", 1), CrashPoint("train_epoch_end", 1)]),
+        # with max_steps, Lightning ran an epoch-end checkpoint's epoch end again and counted one epoch too many
+        (
+            Config(dataset_size=5, batch_size=3, max_epochs=2, max_steps=2, accumulate_grad_batches=2),
+            [CrashPoint("train_epoch_end", 0)],
+        ),
+        (Config(max_steps=25), [CrashPoint("train_epoch_end", 0)]),
+        (Config(max_steps=25, max_epochs=3), [CrashPoint("train_epoch_start", 1), CrashPoint("train_epoch_end", 1)]),
+    ],
+    ids=["start-then-end", "start-then-batch", "start-then-end-later", "end-max-steps", "end-max-steps-2", "both"],
+)
+def test_resumed_epoch_boundaries(config, crashes, tmp_path):
+    assert_exact(resume_repeatedly(replace(config, hook_draws=True), crashes, tmp_path))
+
+
 @pytest.mark.parametrize("combined", [None, "max_size_cycle"])
 def test_repeated_resumes_with_cycling_loader(combined, tmp_path):
     crashes = [
@@ -319,19 +378,9 @@ def _configs(draw: st.DrawFn) -> Config:
 def _positions(config: Config, full: RunResult) -> list[list[CrashPoint]]:
     """Where the uninterrupted run can be interrupted, in its order: the crash points at each moment it reached."""
     steps = {(point.epoch, point.batch) for point, _ in full.model.moments if point.hook == "before_optimizer_step"}
-    # KNOWN-BUG-LAST-STEP-VALIDATION: a checkpoint written after the batch that reaches max_steps, with a validation
-    # due after it, resumes without that validation (reported with issue 11); lift this once it is exact.
-    moments = full.model.moments
-    last_validated = {
-        (point.epoch, point.batch)
-        for (point, step), (after, _) in zip(moments, moments[1:])
-        if point.hook == "train_batch_end" and step == config.max_steps and after.hook == "validation_end"
-    }
     positions: list[list[CrashPoint]] = []
     last_step = 0
-    for point, step in moments:
-        if point.hook == "train_batch_end" and (point.epoch, point.batch) in last_validated:
-            continue
+    for point, step in full.model.moments:
         every = config.accumulate_grad_batches
         if (
             point.hook in ("after_backward", "before_optimizer_step")
@@ -365,9 +414,6 @@ def test_resume_anywhere(data, tmp_path_factory):
         st.lists(st.integers(0, len(positions) - 1), min_size=1, max_size=count, unique=True), label="positions"
     )
     crashes = [data.draw(st.sampled_from(positions[index]), label="crash") for index in sorted(picked)]
-    # KNOWN-BUG-EPOCH-START-CHAIN: resuming from a train_epoch_end checkpoint of a run that was itself resumed from a
-    # train_epoch_start checkpoint skips the next epoch (reported with issue 11); lift this once it is exact.
-    assume(all(crash.hook != "train_epoch_start" for crash in crashes[:-1]))
     crashes = [
         replace(crash, every=data.draw(st.sampled_from([1, 2]), label="every"))
         if crash.hook == "model_checkpoint" and crash.step % 2 == 0

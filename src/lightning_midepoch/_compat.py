@@ -46,6 +46,7 @@ REQUIRED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "checkpoint_connector": ("_loaded_checkpoint",),
     "fit_loop": (
         "_data_fetcher",
+        "_restarting",
         "_combined_loader",
         "_last_train_dl_reload_epoch",
         "epoch_progress",
@@ -122,6 +123,7 @@ CHECKED_METHODS = (
     "loops.loop:_Loop.on_iteration_done",
     "loops.fit_loop:_FitLoop.setup_data",
     "loops.fit_loop:_FitLoop.reset",
+    "loops.fit_loop:_FitLoop.done",
     "loops.fit_loop:_FitLoop.on_advance_start",
     "loops.fit_loop:_FitLoop.on_advance_end",
     "loops.fit_loop:_FitLoop.update_restart_stage",
@@ -453,6 +455,28 @@ def epoch_finished(progress: Any) -> bool:
     return bool(current.ready == current.started == current.processed == current.completed)
 
 
+def restored_on_batch_end(progress: Any) -> bool:
+    """Whether the epoch loop's restored batch progress was saved in ``on_train_batch_end`` (Lightning's test)."""
+    total = progress.total
+    return bool(total.ready == total.started == total.processed == total.completed + 1)
+
+
+def epoch_trained(progress: Any) -> bool:
+    """Whether the fit loop's epoch progress counts every batch of its current epoch as run (or none started)."""
+    current = progress.current
+    return bool(current.ready == current.started == current.processed)
+
+
+def stop_restarting(fit_loop: Any) -> None:
+    """Count the fit loop and the loops under it as not restarting.
+
+    The fit loop's own setter keeps it restarting whenever ``max_steps`` is set; the epoch loop's passes the value on
+    to the validation loop.
+    """
+    fit_loop._restarting = False
+    fit_loop.epoch_loop.restarting = False
+
+
 def start_batch_progress_afresh(progress: Any) -> None:
     """Count no batch of the current epoch yet (the epoch loop's batch progress, totals kept)."""
     progress.current.reset()
@@ -464,6 +488,11 @@ def reopen_epoch(progress: Any, epoch: int) -> None:
     for tracker in (progress.current, progress.total):
         if tracker.started == epoch + 1:
             tracker.processed = tracker.completed = epoch
+
+
+def count_epoch_ready(progress: Any) -> None:
+    """Count the fit loop's current epoch as ready again, as the totals of its epoch progress already do."""
+    progress.current.ready = progress.current.completed + 1
 
 
 def interrupted(trainer: Trainer) -> bool:

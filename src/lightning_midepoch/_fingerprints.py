@@ -31,6 +31,9 @@ FINGERPRINTS: dict[str, dict[str, str]] = {
     "loops.fit_loop:_FitLoop.reset": {
         "51a18384f4c13ec5": "2.5.0 to 2.6.6",
     },
+    "loops.fit_loop:_FitLoop.done": {
+        "bf784acccc578490": "2.5.0 to 2.6.6",
+    },
     "loops.fit_loop:_FitLoop.on_advance_start": {
         "fdbb89363766ab91": "2.5.0 to 2.6.6",
     },

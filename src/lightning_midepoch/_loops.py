@@ -8,7 +8,8 @@ classes themselves are never changed. What they change with respect to stock Lig
   method (which keeps that iterator).
 * A checkpoint written in ``on_train_batch_end`` interrupted the rest of that batch (the validation due after it,
   the step-interval plateau schedulers): stock Lightning skips it, and at an epoch's last batch also skips the
-  epoch's end. Here the loop finishes that batch, and that epoch, as the uninterrupted run did.
+  epoch's end (and after the batch that reached ``max_steps``, all of it). Here the loop finishes that batch, and
+  that epoch, as the uninterrupted run did.
 * A checkpoint written in ``on_train_epoch_start`` starts that epoch afresh (stock Lightning first replays the
   previous epoch's last batch position and numbers the epoch one too high).
 * The random states and partial gradients saved with the checkpoint are restored before the epoch continues.
@@ -61,6 +62,17 @@ class _ResumableFitLoop(_FitLoopBase):
         super().load_state_dict(state_dict, prefix)
         self._midepoch.loops_restored()
 
+    @property
+    @override
+    def done(self) -> bool:
+        # a checkpoint from on_train_batch_end of the batch that reached max_steps: the uninterrupted run went on to
+        # that batch's validation and its epoch's end, which stock Lightning skips (max_steps is reached). The fit
+        # loop stays restarting until its first epoch is over, where the epoch loop has finished that batch.
+        progress = self.epoch_loop.batch_progress
+        if self.restarting and self._midepoch.resuming and _compat.restored_on_batch_end(progress):
+            return False
+        return super().done
+
     @override
     def setup_data(self) -> None:
         first_after_resume = self._combined_loader is None and self._midepoch.resuming
@@ -96,11 +108,19 @@ class _ResumableFitLoop(_FitLoopBase):
             # a checkpoint from on_train_epoch_start: the batch progress it holds is the previous epoch's, and
             # stock Lightning would "finish" that epoch a second time. The epoch loop starts this epoch afresh.
             self.epoch_loop.restarting = False
+            # stock Lightning also takes back the epoch's "ready" (reset_on_restart) without counting it again in
+            # on_advance_start: a checkpoint written later in this epoch would then look like one from an earlier
+            # stage (from its end: "finished", so a resume from it skipped the next epoch)
+            _compat.count_epoch_ready(self.epoch_progress)
 
     @override
     def on_advance_start(self) -> None:
         # before on_train_epoch_start: a new epoch's hooks and order draw from the states the checkpoint recorded
         self._midepoch.restore_live_state()
+        # an epoch that reloads the train loaders starts their iterator here, which draws from the random states:
+        # the epoch's start is after that (as in an epoch that does not reload), or a resume from its
+        # on_train_epoch_start checkpoint would miss that draw. The stock method's setup_data has nothing left to do.
+        self.setup_data()
         self._midepoch.saver.epoch_started()
         super().on_advance_start()
 

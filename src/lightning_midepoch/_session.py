@@ -171,6 +171,11 @@ class _Session:
             self.resuming = True
             self.reopen_stopped_epoch()
             fit_loop = self.trainer.fit_loop
+            if fit_loop.restarting and _compat.epoch_trained(fit_loop.epoch_progress):
+                # every batch of the epoch was run (a checkpoint from on_train_epoch_end, or after fit): Lightning
+                # starts the next epoch, except with max_steps set, where its fit loop always counts as restarting
+                # and so runs the ended epoch's end again (the next epoch never starts when that reaches max_epochs)
+                _compat.stop_restarting(fit_loop)
             batch = fit_loop.epoch_loop.batch_progress.current  # as saved: each stage counted (a _BatchProgress)
             self.restored_in_batch = batch.processed < batch.ready  # type: ignore[attr-defined]
             if _compat.epoch_finished(fit_loop.epoch_progress):
@@ -299,7 +304,10 @@ class _Session:
         records: list[Any] = list(rank_state[S.KEY_PASSES]) if rank_state is not None else []
         records += [None] * (len(self.loaders) - len(records))
         new_epoch = not (fit_loop.restarted_mid_epoch or fit_loop.restarted_on_epoch_end)
-        recorded_here = any(record is not None and record["epoch"] == epoch for record in records)
+        # a pass recorded in this epoch before its first batch is the epoch's own in epoch 0 only (started by the
+        # fit loop's setup_data); later, an epoch that reloads the loaders starts a pass there too, but the stock
+        # epoch loop starts another one after on_train_epoch_start, and that one draws the epoch's order
+        recorded_here = epoch == 0 and any(record is not None and record["epoch"] == epoch for record in records)
         starts_epoch = new_epoch and consumed == 0 and not recorded_here
         if self.loaded is None and not self.discarded and not (self.entry_found and starts_epoch):
             # (an entry that recorded nothing comes from a trainer that had not trained: nothing was lost)

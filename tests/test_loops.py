@@ -233,6 +233,14 @@ def test_checkpoint_inside_the_batch_where_a_cycling_loader_starts_over(hook, nu
     assert_exact(interrupt_and_resume(Config(combined="max_size_cycle"), CrashPoint(hook, 1, 3), tmp_path / "long"))
 
 
+@pytest.mark.parametrize("dataset_size", [7, 8], ids=["partial-last-batch", "full-last-batch"])
+def test_stateful_iterable_checkpoint_at_an_epochs_last_batch(dataset_size, tmp_path):
+    """Nothing of the interrupted epoch is fetched again, yet starting its iterator fetches ahead: the dataset must
+    still start the next epoch from its saved position (found by the fuzz run)."""
+    config = Config(dataset_size=dataset_size, max_epochs=2, iterable="stateful")
+    assert_exact(interrupt_and_resume(config, CrashPoint("train_batch_end", epoch=0, batch=3), tmp_path))
+
+
 @pytest.mark.parametrize(
     "crash",
     [

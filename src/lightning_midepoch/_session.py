@@ -351,6 +351,10 @@ class _Session:
         # replaying moved the loaders' own generators back to where the pass started; a pass that draws (again) at
         # its first next() sets them itself, but one that is never advanced again must still end where it was
         self._restore_loader_generators(rank_state)
+        if self.finish_interrupted_batch and epoch_loop.batch_progress.is_last_batch:
+            # written at the epoch's last batch: nothing of this epoch is fetched again, but creating its iterator
+            # fetched ahead from the datasets that keep their own position; they start the next epoch where they were
+            self._reload_dataset_states(rank_state)
         _compat.set_batch_index(self.combined_loader, consumed)  # type: ignore[arg-type]
         if pulled:
             # the epoch loop adds the steps it restored to the fetcher's count; the steps pulled `consumed` batches,
@@ -478,6 +482,12 @@ class _Session:
             f" not consumed before the checkpoint; this rank trains {len(items)} batch(es) of them.",
             trainer,
         )
+
+    def _reload_dataset_states(self, rank_state: Mapping[str, Any] | None) -> None:
+        states = list(rank_state.get(S.KEY_DATASET_STATES, [])) if rank_state is not None else []
+        for loader, state in zip(self.loaders, states):
+            if state is not None:
+                loader.dataset.load_state_dict(state)
 
     def _restore_dataset_states(self, rank_state: Mapping[str, Any] | None) -> None:
         states = list(rank_state.get(S.KEY_DATASET_STATES, [])) if rank_state is not None else []

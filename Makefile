@@ -43,7 +43,7 @@ SUITE_PYTEST = cd $(LIGHTNING)/tests/tests_pytorch && MIDEPOCH_SUITE_ATTACH=$(1)
 	--junitxml=$(SUITE_RESULTS)/$(2).xml > $(SUITE_RESULTS)/$(2).log 2>&1; \
 	tail -n 1 $(SUITE_RESULTS)/$(2).log; test -s $(SUITE_RESULTS)/$(2).xml
 
-.PHONY: venv demo test fuzz lint compat lightning-suite docs bench bench-gather mutation dist dist-check pythons clean
+.PHONY: venv demo test test-workers fuzz lint compat lightning-suite docs bench bench-gather mutation dist dist-check pythons clean
 
 $(STAMP): requirements/*.txt pyproject.toml src/lightning_midepoch/__about__.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -62,7 +62,11 @@ TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 
 test: venv  ## every test, with branch coverage of src/ (at least 90%, enforced)
-	$(BIN)/python -m pytest src/lightning_midepoch tests $(XDIST) --cov --cov-report=term-missing -p no:cacheprovider
+	$(BIN)/python -m pytest src/lightning_midepoch tests $(XDIST) --cov --cov-report=term-missing -p no:cacheprovider \
+		-m "not workers_matrix"
+
+test-workers: venv  ## the larger DataLoader-worker matrix of tests/test_workers.py (every worker count and moment)
+	$(BIN)/python -m pytest tests/test_workers.py -m workers_matrix $(XDIST) -q -p no:cacheprovider
 
 # `make fuzz FUZZ_SEED=123` repeats a run; `FUZZ_EXAMPLES=200` runs fewer examples
 ifndef FUZZ_SEED

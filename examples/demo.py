@@ -1,6 +1,6 @@
 """A real crash-and-resume: train, SIGKILL the process mid-epoch, resume from ModelCheckpoint's ``last.ckpt``.
 
-Runs five training processes on synthetic data:
+Runs five training processes on synthetic data, augmented at random in 2 DataLoader workers:
 
 1. the uninterrupted run (the oracle),
 2. a run with ``MidEpochResume`` that is killed with SIGKILL in the middle of an epoch, then
@@ -33,6 +33,7 @@ SEED = 42
 def _train(args: argparse.Namespace) -> None:
     """One training process (run in a child): logs every step, kills itself at ``--kill-at-step``."""
     import lightning as L
+    import numpy as np
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
     from torch import nn
@@ -41,7 +42,11 @@ def _train(args: argparse.Namespace) -> None:
     from lightning_midepoch import MidEpochResume
 
     class Synthetic(Dataset):
-        """A regression task whose sample ``i`` is fixed by ``i`` (so batches can be named by their samples)."""
+        """A regression task whose sample ``i`` is fixed by ``i`` (so batches can be named by their samples).
+
+        Each sample is augmented with random noise drawn in the DataLoader worker that loads it, from torch's and
+        numpy's global generators: the hardest common case for an exact resume.
+        """
 
         def __init__(self, size: int) -> None:
             generator = torch.Generator().manual_seed(0)
@@ -52,7 +57,8 @@ def _train(args: argparse.Namespace) -> None:
             return len(self.x)
 
         def __getitem__(self, index: int) -> tuple[int, torch.Tensor, torch.Tensor]:
-            return index, self.x[index], self.y[index]
+            noise = 0.05 * torch.randn(16) * (1.0 + float(np.random.rand()))
+            return index, self.x[index] + noise, self.y[index]
 
     class Regressor(L.LightningModule):
         def __init__(self) -> None:

@@ -7,10 +7,12 @@ a process whose random states were scrambled on purpose, as a fresh process's wo
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import math
 import os
 import random
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -73,6 +75,39 @@ class IndexedDataset(Dataset):
         self.loaded.append(index)
         generator = torch.Generator().manual_seed(index + self.offset)
         return index + self.offset, torch.randn(4, generator=generator), torch.randn(1, generator=generator)
+
+
+class AugmentedDataset(IndexedDataset):
+    """Random augmentation in ``__getitem__``: torch's, numpy's and Python's global generators, and one of its own.
+
+    In a DataLoader worker each draw comes from that worker's generators. A ``worker_init_fn`` may set ``scale``.
+    """
+
+    def __init__(self, size: int, offset: int = 0) -> None:
+        super().__init__(size, offset)
+        self.generator = torch.Generator().manual_seed(3)
+        self.scale = 1.0
+
+    def __getitem__(self, index: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+        ident, x, y = super().__getitem__(index)
+        noise = torch.rand(4) + torch.rand(4, generator=self.generator) + float(np.random.rand()) + random.random()
+        return ident, x + self.scale * 0.1 * noise, y
+
+
+def seeding_worker_init(worker_id: int) -> None:
+    """A user's ``worker_init_fn``: seeds from its arguments only, and sets what the dataset copy draws with."""
+    info = torch.utils.data.get_worker_info()
+    np.random.seed((info.seed + 17) % 2**32)
+    random.seed(info.seed * 3)
+    info.dataset.scale = 2.0 + worker_id
+
+
+def clock_worker_init(worker_id: int) -> None:
+    """A ``worker_init_fn`` that seeds from the clock: its workers draw differently in every run."""
+    torch.utils.data.get_worker_info().dataset.generator.manual_seed(time.time_ns())
+
+
+WORKER_INITS = {"seeding": seeding_worker_init, "clock": clock_worker_init}
 
 
 class CountingIterable(IterableDataset):
@@ -150,19 +185,33 @@ class Config:
     iterable: str | None = None  # "stateful" / "plain": train on an IterableDataset instead
     hook_draws: bool = True  # the model's hooks draw from torch, numpy and python RNGs
     pulls: int = 0  # training_step(self, dataloader_iter) pulling this many batches per step
+    augment: bool = False  # the dataset draws random augmentation in __getitem__ (AugmentedDataset)
+    worker_init: str | None = None  # a user's worker_init_fn (WORKER_INITS)
+    seed_workers: bool = False  # seed_everything(..., workers=True): Lightning's worker_init_fn
+    prefetch_factor: int | None = None
+    pin_memory: bool = False
+    iterable_workers: int = 0  # the iterable dataset's loader reads it in this many workers (each a full copy)
 
     def loaders(self, model: Model) -> Any:
         if self.iterable is not None:
-            return DataLoader(CountingIterable(self.dataset_size, self.iterable == "stateful"), batch_size=2)
+            dataset = CountingIterable(self.dataset_size, self.iterable == "stateful")
+            return DataLoader(dataset, batch_size=2, num_workers=self.iterable_workers)
         if self.combined is not None:
             short = replace(self, dataset_size=6, combined=None)
             return CombinedLoader({"long": self.make_loader(model), "short": short.make_loader(model)}, self.combined)
         return self.make_loader(model)
 
     def make_loader(self, model: Model) -> DataLoader:
-        dataset = IndexedDataset(self.dataset_size, offset=0 if self.dataset_size != 6 else 1000)
+        dataset_type = AugmentedDataset if self.augment else IndexedDataset
+        dataset = dataset_type(self.dataset_size, offset=0 if self.dataset_size != 6 else 1000)
         model.datasets.append(dataset)
         common: dict[str, Any] = {"num_workers": self.num_workers, "persistent_workers": self.persistent_workers}
+        if self.worker_init is not None:
+            common["worker_init_fn"] = WORKER_INITS[self.worker_init]
+        if self.prefetch_factor is not None:
+            common["prefetch_factor"] = self.prefetch_factor
+        if self.pin_memory:
+            common["pin_memory"] = True
         batching = {"batch_size": model.batch_size, "drop_last": self.drop_last}
         if self.loader == "shuffle":
             return DataLoader(dataset, shuffle=True, **batching, **common)
@@ -298,6 +347,8 @@ class Model(L.LightningModule):
                 continue
             ids_part, x, y = part
             ids += tuple(ids_part.tolist())
+            if self.config.augment:  # the augmented inputs, bit for bit
+                ids += (int.from_bytes(hashlib.sha1(x.numpy().tobytes()).digest()[:8], "little"),)
             loss = loss + nn.functional.mse_loss(self.net(x), y)
         self.seen.append((self.current_epoch, batch_idx, ids))
         noise = 1.0 + 1e-3 * (np.random.rand() + random.random()) if self.config.hook_draws else 1.0
@@ -481,10 +532,10 @@ def run(
     ``before_fit`` runs with the trainer and model just before ``trainer.fit`` (a tuner, say); extra keyword
     arguments go to the ``Trainer``.
     """
-    L.seed_everything(seed, verbose=False)
+    L.seed_everything(seed, verbose=False, workers=config.seed_workers)
     model = (IterStepModel if config.pulls else Model)(config)
     if ckpt_path is not None:  # the weights come from the checkpoint; the process-wide states must not matter
-        L.seed_everything(seed + 1000, verbose=False)
+        L.seed_everything(seed + 1000, verbose=False, workers=config.seed_workers)
     callbacks: list[L.Callback] = [MidEpochResume()] if callback else []
     checkpoint_dir = tmp_path / "checkpoints"
     if crash is not None:

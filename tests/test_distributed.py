@@ -87,6 +87,8 @@ def _assert_same_continuation(full, interrupted, resumed) -> None:
         # sits in the wrapper's dataset)
         ({"dataset_size": DATASET, "loader": "weighted_generator"}, (1, 2)),
         ({"dataset_size": DATASET, "loader": "subset_generator"}, (1, 3)),
+        # random augmentation drawn in 2 DataLoader workers on each rank; batch 2 (3 consumed) resumes at worker 1
+        ({"dataset_size": DATASET, "augment": True, "num_workers": 2, "max_epochs": 2}, (0, 2)),
     ],
     ids=[
         "injected-sampler",
@@ -94,6 +96,7 @@ def _assert_same_continuation(full, interrupted, resumed) -> None:
         "accumulation",
         "weighted-wrapped",
         "subset-wrapped",
+        "augmenting-workers",
     ],
 )
 def test_ddp_resume_is_exact_on_every_rank(config, crash, uninterrupted, tmp_path):

@@ -61,6 +61,9 @@ LOADER_KEYS = {
     "samples_consumed",
     "snapshot_present",
     "continues",
+    "num_workers",
+    "worker_states",
+    "worker_states_expected",
 }
 
 
@@ -317,6 +320,9 @@ def test_exact_mid_epoch_checkpoint_json(ckpts, capsys):
         "samples_consumed": 8,
         "snapshot_present": True,
         "continues": "exactly",
+        "num_workers": None,
+        "worker_states": None,
+        "worker_states_expected": None,
     }
     assert (doc["verdict"], doc["blockers"], doc["caveats"], doc["exit_code"]) == ("exact", [], [], 0)
     # the JSON says the same as the report object (round trip)

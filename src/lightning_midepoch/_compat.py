@@ -90,6 +90,7 @@ OTHER_PRIVATE_NAMES = (
     "_inst",  # Python's `random` module: its global generator instance (raw state snapshots, _rawstate)
     "_rand",  # numpy's `np.random.mtrand`: its global RandomState (raw state snapshots, _rawstate)
     "_ex_iterable",  # Hugging Face datasets' IterableDataset: its chain of example iterables (unsaved_buffer)
+    "_get_iterator",  # torch's DataLoader: creates a new iterator (and its workers); persistent workers reuse theirs
 )
 
 #: Private attributes of the train data fetcher (created inside ``setup_data``, checked when it is taken over) and of
@@ -420,6 +421,32 @@ def move_batch_progress(progress: Any, ready: int) -> None:
 def workers_started(loader: Any) -> bool:
     """Whether a ``DataLoader`` with persistent workers has started them (torch keeps them in ``_iterator``)."""
     return getattr(loader, "_iterator", None) is not None
+
+
+def wrap_iterator_creation(loader: Any, wrapper: Callable[[Callable[[], Any]], Any]) -> None:
+    """Create a DataLoader's new iterators (``iter()``, but not a persistent-workers reset) through ``wrapper``.
+
+    ``wrapper(create)`` calls ``create()`` for the stock iterator, whose construction starts the workers.
+    """
+    stock = getattr(type(loader), "_get_iterator", None)
+    if stock is None:
+        raise RuntimeError(
+            f"lightning-midepoch cannot record the worker states of {type(loader).__name__}: torch {torch_version()}'s"
+            " DataLoader has no `_get_iterator`. Use torch>=2.1, or num_workers=0."
+        )
+    create = stock.__get__(loader)
+    object.__setattr__(loader, "_get_iterator", lambda: wrapper(create))
+
+
+def torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def unwrap_iterator_creation(loader: Any) -> None:
+    """Undo :func:`wrap_iterator_creation`."""
+    vars(loader).pop("_get_iterator", None)
 
 
 def has_callback(trainer: Trainer, name: str) -> bool:

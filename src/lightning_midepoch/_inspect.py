@@ -232,6 +232,9 @@ class LoaderReport:
     samples_consumed: int | None
     snapshot_present: bool | None
     continues: str
+    num_workers: int | None = None  # the DataLoader worker processes whose states were recorded (None: none)
+    worker_states: int | None = None  # worker states the checkpoint holds, over all ranks
+    worker_states_expected: int | None = None  # ... and how many a resume continues (num_workers on each rank)
 
 
 @dataclass
@@ -413,7 +416,18 @@ def _loader_report(
         continues = EXACTLY if present else fallback
     else:
         continues = NEW_EPOCH
+    workers = [_rank_entry(ranks, rank, S.KEY_WORKERS, index) for rank in range(world_size)]
+    recorded = [entry for entry in workers if isinstance(entry, Mapping)]
+    num_workers = recorded[0].get("num_workers") if recorded else None
+    worker_states = (
+        sum(1 for entry in recorded for worker in entry.get("workers", []) if _get(worker, "state") is not None)
+        if recorded
+        else None
+    )
     return LoaderReport(
+        num_workers=num_workers if _is_int(num_workers) else None,
+        worker_states=worker_states,
+        worker_states_expected=num_workers * world_size if _is_int(num_workers) else None,
         index=index,
         kind=kind,
         dataset_length=facts.get("dataset_length"),
@@ -446,6 +460,26 @@ def _loader_caveat(loader: LoaderReport, epoch: int) -> str | None:
     if loader.continues == EPOCH_RESTART:
         return f"{where} is a stateful loader but the checkpoint holds no loader state for it: it restarts its epoch."
     return None
+
+
+def _workers_caveat(loader: LoaderReport) -> str | None:
+    expected, held = loader.worker_states_expected, loader.worker_states
+    if expected is None or held is None or held >= expected:
+        return None
+    return (
+        f"Train dataloader {loader.index} holds the random states of {held} of its {expected} DataLoader workers:"
+        " the others start afresh, so what the dataset draws in them (augmentation) differs after the resume."
+    )
+
+
+def _workers_condition(loader: LoaderReport) -> str | None:
+    if loader.num_workers is None:
+        return None
+    return (
+        f"Train dataloader {loader.index} read its batches in {loader.num_workers} worker process(es), whose random"
+        f" states the checkpoint holds ({loader.worker_states} recorded): their augmentation continues exactly with"
+        f" num_workers={loader.num_workers}; with another number the resumed run warns and draws it afresh."
+    )
 
 
 def analyse(checkpoint: Mapping[str, Any], path: str) -> Report:
@@ -618,6 +652,8 @@ def _analyse_state(report: Report, checkpoint: Mapping[str, Any], raw_state: obj
         _loader_report(index, facts, point, state, stateful_saved) for index, facts in enumerate(state[S.KEY_LOADERS])
     ]
     report.caveats += [caveat for loader in report.loaders if (caveat := _loader_caveat(loader, point.epoch))]
+    report.caveats += [caveat for loader in report.loaders if (caveat := _workers_caveat(loader))]
+    report.conditions += [condition for loader in report.loaders if (condition := _workers_condition(loader))]
     if point.continues_epoch:
         report.conditions.append(
             f"The verdict assumes the resumed run has {world_size} device(s) and the same"
@@ -857,6 +893,14 @@ def _order_text(loader: LoaderReport) -> str:
     return f"{source}, {recorded}; {_CONTINUES_TEXT[loader.continues]}"
 
 
+def _workers_text(loader: LoaderReport) -> str:
+    exact = "continue exactly" if loader.worker_states == loader.worker_states_expected else "some start afresh"
+    return (
+        f"num_workers={loader.num_workers}, random states of {loader.worker_states} of"
+        f" {loader.worker_states_expected} worker(s) recorded; with num_workers={loader.num_workers} they {exact}"
+    )
+
+
 def _table(rows: list[list[str]], indent: str) -> list[str]:
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     return [indent + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
@@ -880,6 +924,8 @@ def _loader_lines(report: Report) -> list[str]:
     lines.append(table[0])
     for loader, row in zip(report.loaders, table[1:]):
         lines += [row, f"     order: {_order_text(loader)}"]
+        if loader.num_workers is not None:
+            lines.append(f"     workers: {_workers_text(loader)}")
     return lines
 
 

@@ -32,6 +32,9 @@ class _PassRecord:
     index: int  # how many times the loader was restarted inside this epoch before this pass (a cycling loader)
     at_iter: dict[str, Any]
     at_first_next: dict[str, Any] | None = None
+    # a loader with workers: the states at the iter() call that started its DataLoader iterator, before that drew
+    # the workers' base seed (only what differs from at_iter); a resumed iterator draws the same base seed from them
+    at_start: dict[str, Any] | None = None
 
     def capture_first_next(self, rng_objects: dict[str, Any]) -> None:
         """Record the states at the pass's first next(), storing only what changed since iter()."""
@@ -43,17 +46,25 @@ class _PassRecord:
         assert self.at_first_next is not None
         return {part: {**self.at_iter[part], **self.at_first_next[part]} for part in self.at_iter}
 
+    def start_states(self) -> dict[str, Any]:
+        """The full states before the DataLoader iterator drew its workers' base seed."""
+        assert self.at_start is not None
+        return {part: {**self.at_iter[part], **self.at_start[part]} for part in self.at_iter}
+
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "epoch": self.epoch,
             "index": self.index,
             "at_iter": self.at_iter,
             "at_first_next": self.at_first_next,
         }
+        if self.at_start is not None:
+            state["at_start"] = self.at_start
+        return state
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> _PassRecord:
-        return cls(state["epoch"], state["index"], state["at_iter"], state.get("at_first_next"))
+        return cls(state["epoch"], state["index"], state["at_iter"], state.get("at_first_next"), state.get("at_start"))
 
 
 @dataclass
@@ -66,6 +77,8 @@ class _Replay:
     live: bool = False  # draw from the live states (a new epoch), only keeping them still across iter() calls
     at_iter: dict[str, Any] | None = None  # with no record: the states at the first iter() call
     batches: list[Any] | None = None  # the pass's items, given (an epoch finished on another number of devices)
+    new_workers: bool = False  # the pass starts a new DataLoader iterator with workers (two iter() calls)
+    calls: int = 0  # iter() calls so far
 
 
 def _capture(rng_objects: dict[str, Any]) -> dict[str, Any]:
@@ -89,6 +102,7 @@ class _IndexSamplerRecorder:
         "_midepoch_observing",
         "_midepoch_rng_objects",
         "_replay",
+        "on_pass",
         "passes",
         "record",
     )
@@ -99,6 +113,7 @@ class _IndexSamplerRecorder:
     record: _PassRecord | None
     passes: int
     _replay: _Replay | None
+    on_pass: Callable[[int], int] | None
 
     def __init__(
         self,
@@ -114,6 +129,9 @@ class _IndexSamplerRecorder:
         object.__setattr__(self, "record", None)  # the current pass
         object.__setattr__(self, "passes", 0)  # passes started since the epoch's loader iterator was created
         object.__setattr__(self, "_replay", None)
+        # called at the first next() of each pass with the items it skips; returns how many empty batches to yield
+        # first (the worker recording of _workers numbers the passes there and shifts a resumed pass's rotation)
+        object.__setattr__(self, "on_pass", None)
 
     @property
     def inner(self) -> Any:
@@ -166,12 +184,18 @@ class _IndexSamplerRecorder:
         if replay is None and not self._midepoch_observing():
             return iter(self._midepoch_inner)  # iterated outside the training loop: not the epoch's order
         if replay is None:
+            previous = self.record
             record = _PassRecord(self._midepoch_epoch_fn(), self.passes, _capture(self._midepoch_rng_objects))
+            if self.on_pass is not None and previous is not None and previous.at_first_next is None:
+                # the call before, never advanced, was the first of a new iterator's two (see the armed path below)
+                record.at_start = {
+                    part: _rng.changed(previous.at_iter[part], record.at_iter[part]) for part in record.at_iter
+                }
             self.record = record
-            return self._observe(iter(self._midepoch_inner), record)
+            return self._numbered(self._observe(iter(self._midepoch_inner), record), 0)
         if replay.batches is not None:
             self.record = _PassRecord(self._midepoch_epoch_fn(), replay.index, _capture(self._midepoch_rng_objects))
-            return iter(list(replay.batches))
+            return self._numbered(iter(list(replay.batches)), 0)
         # Armed after a resume. A DataLoader iterator with workers calls iter() twice (the first result is dropped)
         # and draws its worker base seed in between: every call starts from the same states, so the pass that is
         # used draws from exactly the states the original pass drew from.
@@ -185,12 +209,27 @@ class _IndexSamplerRecorder:
         # eager samplers draw inside fast_forward(). The process-wide states are left applied on purpose: the
         # DataLoader iterator draws its worker base seed next, as the original did; the epoch loop restores the
         # live states once every iterator is built.
-        _apply(self._midepoch_rng_objects, record.at_iter)
+        first_of_new_iterator = replay.new_workers and replay.calls == 0 and record.at_start is not None
+        replay.calls += 1
+        _apply(self._midepoch_rng_objects, record.start_states() if first_of_new_iterator else record.at_iter)
         iterator = fast_forward(self._midepoch_inner, replay.skip)
         if replay.live or (record.at_first_next is None and replay.record is not None):
             # a new epoch, or a recorded pass that had not drawn yet when the checkpoint was written: draw now
-            return self._observe(iterator, record)
-        return self._resume(iterator, record)
+            return self._numbered(self._observe(iterator, record), replay.skip)
+        return self._numbered(self._resume(iterator, record), replay.skip)
+
+    def _numbered(self, iterator: Iterator[Any], skip: int) -> Iterator[Any]:
+        on_pass = self.on_pass
+        if on_pass is None:
+            return iterator
+        return self._announced(iterator, skip, on_pass)
+
+    @staticmethod
+    def _announced(iterator: Iterator[Any], skip: int, on_pass: Callable[[int], int]) -> Iterator[Any]:
+        # a generator: this body runs at the first next(), once the DataLoader iterator has started its workers
+        for _ in range(on_pass(skip)):
+            yield []
+        yield from iterator
 
     def _observe(self, iterator: Iterator[Any], record: _PassRecord) -> Iterator[Any]:
         # a generator: this body runs at the first next(), when generator-based samplers draw

@@ -140,22 +140,35 @@ class BatchStartStates:
 
     def states(self) -> dict[str, Any]:
         """The states of the latest :meth:`take` in :func:`lightning_midepoch._rng.capture_global`'s form."""
-        result = dict(self._slow)
-        if "python" not in result:
-            words = np.frombuffer(self._python, dtype=np.uint32)
-            internal = (*words[1:].tolist(), int(np.frombuffer(self._python, dtype=np.int32)[0]))
-            result["python"] = {
-                "version": random.Random.VERSION,
-                "state": _rng._pack_words(internal),
-                "gauss_next": self._gauss_next,
-            }
-        if "numpy" not in result:
-            has_gauss, gauss = struct.unpack_from("=i4xd", self._numpy_gauss)
-            result["numpy"] = {
-                "name": "MT19937",
-                "keys": _rng._pack_words(np.frombuffer(self._numpy, dtype=np.uint32)[:_WORDS]),
-                "pos": int(np.frombuffer(self._numpy, dtype=np.int32)[_WORDS]),
-                "has_gauss": int(has_gauss),
-                "cached_gaussian": float(gauss),
-            }
-        return result
+        return decode(self.raw())
+
+    def raw(self) -> tuple[Any, ...]:
+        """The latest :meth:`take` as plain bytes, floats and dicts, for :func:`decode` (in this or another process).
+
+        A DataLoader worker sends its states this way: copying them costs about as little as taking them.
+        """
+        return (bytes(self._python), self._gauss_next, bytes(self._numpy), bytes(self._numpy_gauss), dict(self._slow))
+
+
+def decode(raw: tuple[Any, ...]) -> dict[str, Any]:
+    """The states a :meth:`BatchStartStates.raw` holds, in :func:`lightning_midepoch._rng.capture_global`'s form."""
+    python, gauss_next, numpy_words, numpy_gauss, slow = raw
+    result = dict(slow)
+    if "python" not in result:
+        words = np.frombuffer(python, dtype=np.uint32)
+        internal = (*words[1:].tolist(), int(np.frombuffer(python, dtype=np.int32)[0]))
+        result["python"] = {
+            "version": random.Random.VERSION,
+            "state": _rng._pack_words(internal),
+            "gauss_next": gauss_next,
+        }
+    if "numpy" not in result:
+        has_gauss, gauss = struct.unpack_from("=i4xd", numpy_gauss)
+        result["numpy"] = {
+            "name": "MT19937",
+            "keys": _rng._pack_words(np.frombuffer(numpy_words, dtype=np.uint32)[:_WORDS]),
+            "pos": int(np.frombuffer(numpy_words, dtype=np.int32)[_WORDS]),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(gauss),
+        }
+    return result

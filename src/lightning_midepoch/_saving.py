@@ -141,6 +141,8 @@ class Saver:
             S.KEY_DATASET_STATES: [self._dataset_state(index) for index in range(len(self.session.loaders))],
             S.KEY_GRADS: grads,
         }
+        if session.workers.loaders:
+            rank_state[S.KEY_WORKERS] = session.workers.state_dict(self._worker_positions())
         fetcher = self.session.fetcher
         fetched = 0
         if fetcher is not None and fetcher.iterator is not None:
@@ -163,6 +165,30 @@ class Saver:
             S.KEY_LOADERS: [S.loader_facts(loader) for loader in self.session.loaders],
         }
         return Snapshot(facts, rank_state, trainer.global_rank, trainer.world_size, _compat.interrupted(trainer))
+
+    def _worker_positions(self) -> dict[int, int]:
+        """Per loader with workers: the batches of its current pass a resumed run does not fetch again."""
+        session = self.session
+        fetcher = session.fetcher
+        batch = session.trainer.fit_loop.epoch_loop.batch_progress.current
+        if _compat.steps_pull_batches(fetcher):  # steps pull their batches: the fetcher counts them
+            consumed = fetcher.fetched - len(getattr(fetcher, "batches", ())) if fetcher is not None else 0
+        else:
+            # as the resumed run counts them; written inside a batch, Lightning fetches that batch again
+            consumed = batch.ready - (1 if batch.processed < batch.ready else 0)  # type: ignore[attr-defined]
+        mode = _compat.combined_mode(session.combined_loader) if session.combined_loader is not None else ""
+        positions = {}
+        for index in session.workers.loaders:
+            recorder = session.recorders[index]
+            record = recorder.record if recorder is not None else None
+            if recorder is None or record is None:
+                positions[index] = 0
+                continue
+            pass_index, position = S.loader_position(mode, max(consumed, 0), len(recorder), record.index)
+            if pass_index != record.index:
+                position = 0 if pass_index < record.index else len(recorder)
+            positions[index] = position
+        return positions
 
     def _dataset_state(self, index: int) -> Any:
         """An iterable dataset's own position at the first batch a resumed run fetches (before its fetch)."""

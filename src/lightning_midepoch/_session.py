@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from lightning_midepoch import _compat, _elastic, _rng, _validate
+from lightning_midepoch import _compat, _elastic, _rng, _validate, _workers
 from lightning_midepoch import _state as S
 from lightning_midepoch._fetchers import _ResumableDataFetcher
 from lightning_midepoch._loops import _ResumableFitLoop, _ResumableTrainingEpochLoop
@@ -49,6 +49,7 @@ class _Session:
         self.fetching = False  # the training loop is creating or advancing its train iterator
         self.elastic: dict[str, Any] | None = None  # the epoch being finished on another world size
         self.saver = Saver(self)  # what checkpoints save
+        self.workers = _workers.WorkerStates()  # the random states inside the train loaders' worker processes
         self.resuming = False  # this fit resumes from a checkpoint (the loops were restored before it trained)
         self.trained = False  # the fit loop has set up its data: restores from now on are a tuner's, not a resume
         self.entry_found = False  # the checkpoint resumed has a MidEpochResume entry (possibly an empty one)
@@ -91,6 +92,7 @@ class _Session:
             if recorder is not None and (beyond := _rng.out_of_reach(_rng_roots(loader, recorder.inner)))
         }
         self.saver.attach(self.loaders)
+        self.workers.attach(self.loaders, self.recorders)
 
     def after_fetch(self) -> None:
         """Called right after every fetch from the train loaders."""
@@ -118,6 +120,7 @@ class _Session:
         return recorder
 
     def _restore_samplers(self) -> None:
+        self.workers.detach()
         for loader, recorder in zip(self.loaders, self.recorders):
             if recorder is not None:
                 attribute = "batch_sampler" if loader.batch_sampler is recorder else "sampler"
@@ -314,7 +317,9 @@ class _Session:
             self._warn_stock_checkpoint()
         if starts_epoch:
             # a new epoch: its order is drawn now from the live states, exactly as in the uninterrupted run
-            self._build(fetcher, {i: _Replay(None, 0, 0, live=True) for i in self._rewound_loaders(epoch)})
+            rewound = self._rewound_loaders(epoch)
+            self._arm_workers(rank_state, {i: (0, False) for i in rewound})
+            self._build(fetcher, {i: _Replay(None, 0, 0, live=True) for i in rewound})
             return
         if _compat.has_callback(trainer, "StochasticWeightAveraging"):
             self._warn_swa()
@@ -334,6 +339,7 @@ class _Session:
         self._restore_dataset_states(rank_state)
         mode = _compat.combined_mode(self.combined_loader)  # type: ignore[arg-type]
         replays = {}
+        workers_to_arm: dict[int, tuple[int, bool]] = {}
         for index, recorder in enumerate(self.recorders):
             if recorder is None:
                 continue
@@ -346,6 +352,11 @@ class _Session:
             elif not S.describe_order(recorder.inner)[1]:
                 self._warn_unrecoverable(index)
             replays[index] = _Replay(replay_record, skip, pass_index)
+            continues = record is not None and record["epoch"] == epoch and record["index"] == pass_index
+            if continues or _workers.persist(recorder, self.loaders[index]):
+                workers_to_arm[index] = (skip, continues)
+        for index in self._arm_workers(rank_state, workers_to_arm):
+            replays[index].new_workers = True
         with _rng.isolated_global():
             self._build(fetcher, replays)
         # replaying moved the loaders' own generators back to where the pass started; a pass that draws (again) at
@@ -388,6 +399,36 @@ class _Session:
         finally:
             for index in replays:
                 self.recorders[index].disarm()  # type: ignore[union-attr]
+        for index, problem in self.workers.resumed().items():
+            self._warn_workers(index, problem)
+
+    def _arm_workers(
+        self, rank_state: Mapping[str, Any] | None, positions: Mapping[int, tuple[int, bool]]
+    ) -> list[int]:
+        """Make the workers of the loaders at ``positions`` (skip, continues the saved pass) continue the saved ones.
+
+        Returns:
+            The loaders armed: their next iterator starts new workers.
+
+        """
+        armed = []
+        for index, (skip, continues) in positions.items():
+            problem = self.workers.arm(index, _workers.saved_entry(rank_state, index), skip, continues)
+            if problem is not None:
+                self._warn_workers(index, problem)
+            elif index in self.workers.loaders:
+                armed.append(index)
+        return armed
+
+    def _warn_workers(self, index: int, problem: str) -> None:
+        workers = self.loaders[index].num_workers
+        _compat.warn(
+            f"Train dataloader {index} loads its batches in {workers} worker process(es) whose random states cannot be"
+            f" continued: {problem}. Whatever its dataset draws in the workers (random augmentation) differs from the"
+            " uninterrupted run's from here on; the order of the samples is still exact.",
+            self.trainer,
+            self.warned,
+        )
 
     def _check_checkpoint(self) -> str:
         """How the interrupted epoch continues: ``"exact"``, ``"elastic"`` or ``"restart"`` (the opt-out)."""

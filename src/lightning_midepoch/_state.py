@@ -33,7 +33,10 @@ Layout (version 1)::
                                                # (an iterable dataset's: the states its epoch's iterator started at)
              "generators": [dict | None],      # per loader: live states of generators its sampler/loader own
              "dataset_states": [dict | None],  # per loader: an IterableDataset's own state_dict(), if it has one
-             "grads": {name: tensor} | None},  # partial gradients of an unfinished accumulation group
+             "grads": {name: tensor} | None,   # partial gradients of an unfinished accumulation group
+             "workers": [                      # per loader (not in 0.2.0): its DataLoader workers' states, or None
+                 {"num_workers": int, "workers": [{"state": {"global": ..., "objects": ...} | None,
+                                                   "seed": int, "init_digest": int}]} | None]},
         ],
     }
 """
@@ -77,6 +80,7 @@ KEY_GENERATORS = "generators"
 KEY_DATASET_STATES = "dataset_states"
 KEY_GRADS = "grads"
 KEY_ELASTIC = "elastic"
+KEY_WORKERS = "workers"
 
 KIND_MAP = "map"
 KIND_ITERABLE = "iterable"

@@ -386,7 +386,10 @@ _OBJECTS = DictOf(_OBJECT, what="generator states by path")
 #: A pass record (``_order._PassRecord.state_dict``).
 _PASS = Record(
     "a pass record",
-    optional={"at_first_next": Optional(Record(closed=True, fields={"global": _GLOBAL_CHANGED, "objects": _OBJECTS}))},
+    optional={
+        "at_first_next": Optional(Record(closed=True, fields={"global": _GLOBAL_CHANGED, "objects": _OBJECTS})),
+        "at_start": Optional(Record(closed=True, fields={"global": _GLOBAL_CHANGED, "objects": _OBJECTS})),
+    },
     epoch=Int(0),
     index=Int(0),
     at_iter=Record(closed=True, fields={"global": _GLOBAL, "objects": _OBJECTS}),

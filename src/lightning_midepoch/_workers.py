@@ -1,0 +1,423 @@
+"""Random states inside DataLoader worker processes: recorded as the workers produce batches, put back on resume.
+
+With ``num_workers > 0`` a dataset draws its augmentation in worker processes, from the generators each worker seeds
+when it starts and advances with every batch it produces. A resumed run continues them exactly when resumed worker
+``w`` starts from the states original worker ``w`` had after the last batch of its own that the run consumed before
+the checkpoint, and receives the batches original worker ``w`` would have received next.
+
+* **Recording.** While the callback is attached, a train loader with workers gets a composed ``worker_init_fn``
+  (:class:`_WorkerInit`: the user's, or Lightning's, runs first) and a wrapped ``collate_fn``
+  (:class:`_RecordingCollate`). The wrapper runs in the worker once per batch, right after the user's collate
+  function, and copies the worker's states (torch's, numpy's and Python's global generators, and the generators its
+  dataset copy owns) into a ring of slots in shared memory. A slot is keyed by the pass it belongs to (a number the
+  main process raises at each pass's first index, while no worker has work) and by the worker's count of batches in
+  that pass. Nothing is drawn and nothing travels with the batches: a run that is never resumed draws and produces
+  exactly what it does without the callback, and the main process does no work per batch.
+* **Saving.** Batches go to the workers in a fixed rotation, so a checkpoint that consumed ``k`` batches of a pass
+  that started at batch ``s`` wants from worker ``w`` its slot after ``#{s <= j < k : j % W == w}`` batches of the
+  pass, or, where that is none, its latest slot before the pass (its start, or its previous pass with persistent
+  workers). Each shared-memory set belongs to one DataLoader iterator, so the workers of a replaced iterator that are
+  still finishing prefetched batches never write where the current ones do.
+* **Resuming.** The resumed iterator's workers load those states after the init functions ran. A new iterator
+  hands its first batch to worker 0, but the first remaining batch ``k`` went to worker ``k % W``: the resumed pass
+  first yields ``k % W`` empty index lists, which the workers answer without touching the dataset or the generators
+  (the wrapped collate function recognises them, a real batch is never empty), and whose results are dropped as soon
+  as the iterator is created, before Lightning fetches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+
+from lightning_midepoch import _compat, _rawstate, _rng
+from lightning_midepoch import _state as S
+
+#: Slots per worker beyond the prefetch factor: a worker runs at most ``prefetch_factor`` batches ahead of those the
+#: main process received; the fetcher holds one more, a checkpoint inside a batch runs one again, one is being written.
+SPARE_SLOTS = 6
+#: The pass number of the slot a worker writes when it starts, before any batch.
+BEFORE_BATCHES = -1
+#: How long the main process waits for a worker to write a slot it needs (the workers are busy or starting).
+WAIT_S = 120.0
+# header fields of a slot
+_SEQ, _PASS, _COUNT, _SIZE = range(4)
+# fields of a worker's start record
+_SEED, _DIGEST, _STARTED = range(3)
+
+#: In a worker process: the recorder of the worker's states (set by the composed ``worker_init_fn``).
+_RECORDER: _WorkerRecorder | None = None
+
+
+@dataclass
+class _Buffers:
+    """The shared memory the workers of one DataLoader iterator write their states into."""
+
+    headers: torch.Tensor  # int64 [workers, slots, 4]: sequence number, pass, batches of the pass, bytes (-n: too big)
+    data: torch.Tensor  # uint8 [workers, slots, capacity]
+    starts: torch.Tensor  # int64 [workers, 3]: the worker's seed, a digest of its states after the init functions, 1
+    passes: torch.Tensor  # int64 [1]: the number of the pass the main process is dispatching
+
+    @classmethod
+    def allocate(cls, workers: int, slots: int, capacity: int, current_pass: int) -> _Buffers:
+        tensors = (
+            torch.zeros(workers, slots, 4, dtype=torch.int64),
+            torch.zeros(workers, slots, capacity, dtype=torch.uint8),
+            torch.zeros(workers, 3, dtype=torch.int64),
+            torch.full((1,), current_pass, dtype=torch.int64),
+        )
+        for tensor in tensors:
+            tensor.share_memory_()  # type: ignore[no-untyped-call]
+        return cls(*tensors)
+
+
+# ---------------------------------------------------------------------------------------------- in the worker
+def _raw_object_state(obj: Any) -> tuple[str, Any]:
+    """A generator's state as plain values, cheaply (converted to :mod:`_rng`'s form where it is saved)."""
+    if isinstance(obj, torch.Generator):
+        return "torch", obj.get_state().numpy().tobytes()
+    if isinstance(obj, random.Random):
+        return "python", obj.getstate()
+    if isinstance(obj, np.random.RandomState):
+        return "numpy_legacy", obj.get_state(legacy=False)
+    return "numpy", obj.bit_generator.state
+
+
+def _object_from_raw(kind: str, raw: Any) -> Any:
+    """A fresh generator in the state :func:`_raw_object_state` read (to capture it the way :mod:`_rng` does)."""
+    if kind == "torch":
+        generator = torch.Generator()
+        generator.set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+        return generator
+    if kind == "python":
+        rng = random.Random()
+        rng.setstate(raw)
+        return rng
+    if kind == "numpy_legacy":
+        legacy = np.random.RandomState()
+        legacy.set_state(raw)
+        return legacy
+    numpy_generator = np.random.Generator(getattr(np.random, raw["bit_generator"])())
+    numpy_generator.bit_generator.state = raw
+    return numpy_generator
+
+
+class _WorkerRecorder:
+    """In one worker process: writes the worker's states into its ring of slots."""
+
+    def __init__(self, worker_id: int, buffers: _Buffers, dataset: Any) -> None:
+        self.worker_id = worker_id
+        self.buffers = buffers
+        self.objects = _rng.find_rng_objects({"dataset": dataset})
+        self.rest = _rawstate.BatchStartStates()
+        # numpy views of this worker's part of the shared memory: writing through them costs nanoseconds per field
+        self.headers = buffers.headers[worker_id].numpy()
+        self.data = buffers.data[worker_id].numpy()
+        self.passes = buffers.passes.numpy()
+        self.slots, self.capacity = self.data.shape
+        self.seq = 0
+        self.current_pass, self.count = BEFORE_BATCHES, 0
+
+    def raw(self) -> bytes:
+        self.rest.take()
+        torch_state = torch.default_generator.get_state().numpy().tobytes()
+        objects = {path: _raw_object_state(obj) for path, obj in self.objects.items()}
+        return pickle.dumps((torch_state, self.rest.raw(), objects), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def write(self, blob: bytes) -> None:
+        self.seq += 1
+        header = self.headers[self.seq % self.slots]
+        header[_SEQ] = 0  # not readable while it is written
+        size = len(blob)
+        if size <= self.capacity:
+            self.data[self.seq % self.slots, :size] = np.frombuffer(blob, np.uint8)
+        else:
+            size = -size
+        header[_PASS], header[_COUNT], header[_SIZE] = self.current_pass, self.count, size
+        header[_SEQ] = self.seq
+
+    def batch_done(self) -> None:
+        current = int(self.passes[0])
+        if current != self.current_pass:
+            self.current_pass, self.count = current, 0
+        self.count += 1
+        self.write(self.raw())
+
+
+class _WorkerInit:
+    """A train loader's ``worker_init_fn`` while the callback is attached: the user's first, then the recording.
+
+    On resume it carries the states each worker continues from (only while the resumed iterator starts them).
+    """
+
+    def __init__(self, user_fn: Callable[[int], Any] | None, buffers: _Buffers) -> None:
+        self.user_fn = user_fn
+        self.buffers = buffers
+        self.payloads: list[Mapping[str, Any] | None] | None = None
+
+    def __call__(self, worker_id: int) -> None:
+        global _RECORDER
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+        info = get_worker_info()
+        recorder = _WorkerRecorder(worker_id, self.buffers, info.dataset if info is not None else None)
+        blob = recorder.raw()
+        # the states the init functions leave depend only on the worker's seed and id, unless one reads something
+        # else (the clock, say): a resumed worker compares with what the original recorded for the same seed
+        digest = int.from_bytes(hashlib.blake2b(blob, digest_size=7).digest(), "little")
+        payload = self.payloads[worker_id] if self.payloads is not None and worker_id < len(self.payloads) else None
+        if payload is not None:
+            state = payload["state"]
+            _rng.restore_global(state["global"])
+            _rng.restore_objects(recorder.objects, state["objects"])
+            blob = recorder.raw()
+        recorder.write(blob)
+        self.buffers.starts[worker_id, _SEED] = info.seed if info is not None else 0
+        self.buffers.starts[worker_id, _DIGEST] = digest
+        self.buffers.starts[worker_id, _STARTED] = 1
+        _RECORDER = recorder
+
+
+class _RecordingCollate:
+    """A train loader's ``collate_fn`` while the callback is attached: the user's, then the worker's states."""
+
+    def __init__(self, inner: Callable[[Any], Any]) -> None:
+        self.inner = inner
+
+    def __call__(self, batch: Any) -> Any:
+        recorder = _RECORDER
+        if recorder is None:  # in the main process (or a worker of a loader started without the composed init)
+            return self.inner(batch)
+        if isinstance(batch, list) and not batch:
+            return None  # an empty index list that shifts the rotation of a resumed pass: its result is dropped
+        result = self.inner(batch)
+        recorder.batch_done()
+        return result
+
+
+# ---------------------------------------------------------------------------------------------- in the main process
+def _decode(blob: bytes) -> dict[str, Any]:
+    """A slot's states in the checkpoint's form (``{"global": ..., "objects": ...}``, weights-only safe)."""
+    torch_state, rest, objects = pickle.loads(blob)  # written by this package's own workers, into its own memory
+    global_state = {"torch": torch.frombuffer(bytearray(torch_state), dtype=torch.uint8), **_rawstate.decode(rest)}
+    rebuilt = {path: _object_from_raw(kind, raw) for path, (kind, raw) in objects.items()}
+    return {"global": global_state, "objects": _rng.capture_objects(rebuilt)}
+
+
+def worker_batches(start: int, end: int, worker: int, workers: int) -> int:
+    """How many of a pass's batches ``start <= j < end`` went to ``worker`` (batch ``j`` goes to ``j % workers``).
+
+    Example:
+        >>> [worker_batches(3, 8, w, 3) for w in range(3)]  # batches 3..7: workers 0, 1, 2, 0, 1
+        [2, 2, 1]
+
+    """
+    if end <= start:
+        return 0
+    return (end - 1 - worker) // workers - (start - 1 - worker) // workers
+
+
+class LoaderWorkers:
+    """One train loader's worker recording: installed on the loader, read at checkpoints, armed on resume."""
+
+    def __init__(self, index: int, loader: Any) -> None:
+        self.index = index
+        self.loader = loader
+        self.workers = int(loader.num_workers)
+        self.slots = int(loader.prefetch_factor or 2) + SPARE_SLOTS
+        probe = _WorkerRecorder.__new__(_WorkerRecorder)
+        probe.objects = _rng.find_rng_objects({"dataset": loader.dataset})
+        probe.rest = _rawstate.BatchStartStates()
+        self.capacity = 2 * len(probe.raw()) + 16384
+        self.current_pass = 0
+        self.pass_start = 0  # the pass's first batch (its consumed batches were skipped on resume)
+        self.dropped = 0  # results of empty index lists to drop from the next iterator
+        self.prefix = 0  # empty index lists the next pass yields first
+        self.buffers = _Buffers.allocate(self.workers, self.slots, self.capacity, self.current_pass)
+        self.originals = (loader.worker_init_fn, loader.collate_fn)
+        self.init = _WorkerInit(loader.worker_init_fn, self.buffers)
+        loader.worker_init_fn = self.init
+        loader.collate_fn = _RecordingCollate(loader.collate_fn)
+        _compat.wrap_iterator_creation(loader, self._new_iterator)
+
+    def detach(self) -> None:
+        """Give the loader its own ``worker_init_fn`` and ``collate_fn`` back."""
+        self.loader.worker_init_fn, self.loader.collate_fn = self.originals
+        _compat.unwrap_iterator_creation(self.loader)
+
+    def _new_iterator(self, create: Callable[[], Any]) -> Any:
+        # a new iterator starts new workers: they write into memory of their own
+        self.buffers = _Buffers.allocate(self.workers, self.slots, self.capacity, self.current_pass)
+        self.init.buffers = self.buffers
+        iterator = create()
+        dropped, self.dropped = self.dropped, 0
+        for _ in range(dropped):
+            next(iterator)
+        return iterator
+
+    def pass_started(self, skip: int) -> int:
+        """At the first index of a pass (no worker has work then): number it; returns the empty lists to yield first."""
+        self.current_pass += 1
+        self.buffers.passes[0] = self.current_pass
+        self.pass_start = skip
+        prefix, self.prefix = self.prefix, 0
+        return prefix
+
+    # ------------------------------------------------------------------ saving
+    def state_dict(self, consumed: int) -> dict[str, Any]:
+        """The states each worker continues from after ``consumed`` batches of the current pass."""
+        workers = []
+        for worker in range(self.workers):
+            batches = worker_batches(self.pass_start, consumed, worker, self.workers)
+            blob = self._wait_for(worker, batches)
+            seed, digest, _ = self.buffers.starts[worker].tolist()
+            workers.append(
+                {"state": _decode(blob) if blob is not None else None, "seed": int(seed), "init_digest": int(digest)}
+            )
+        return {"num_workers": self.workers, "workers": workers}
+
+    def _find(self, worker: int, batches: int) -> bytes | bool | None:
+        """The slot after ``batches`` batches of the current pass (0: the latest before it).
+
+        Returns:
+            Its bytes; None where the worker's states did not fit its slot or were overwritten already (not expected:
+            a worker runs at most ``prefetch_factor`` batches ahead); False where the worker has not written it yet.
+
+        """
+        headers = [h for h in self.buffers.headers[worker].tolist() if h[_SEQ] > 0]
+        in_pass = [h[_COUNT] for h in headers if h[_PASS] == self.current_pass]
+        if batches > 0:
+            matches = [h for h in headers if h[_PASS] == self.current_pass and h[_COUNT] == batches]
+            later = any(count > batches for count in in_pass)
+        else:
+            earlier = [h for h in headers if h[_PASS] != self.current_pass]
+            matches = [max(earlier)] if earlier else []
+            later = bool(in_pass)
+        if not matches:
+            return None if later else False
+        seq, _, _, size = matches[0]
+        if size < 0:
+            return None
+        slot = seq % self.slots
+        blob = self.buffers.data[worker, slot, :size].numpy().tobytes()
+        return blob if int(self.buffers.headers[worker, slot, _SEQ]) == seq else False
+
+    def _wait_for(self, worker: int, batches: int) -> bytes | None:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            found = self._find(worker, batches)
+            if found is not False:
+                return found  # type: ignore[return-value]
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.001)
+
+    # ------------------------------------------------------------------ resuming
+    def arm(self, saved: Mapping[str, Any], skip: int, continues_pass: bool) -> str | None:
+        """Make the next iterator's workers continue the saved ones; returns why not, if they cannot."""
+        if saved["num_workers"] != self.workers:
+            return (
+                f"the checkpoint was written with num_workers={saved['num_workers']} and the loader now has"
+                f" num_workers={self.workers}"
+            )
+        if any(worker["state"] is None for worker in saved["workers"]):
+            return "the checkpoint holds no states for some of its workers (they were not recorded in time)"
+        shift = skip % self.workers if continues_pass else 0
+        if shift and self.loader.batch_sampler is None:
+            return "it has no batch sampler (batch_size=None), so its resumed batches cannot go to the same workers"
+        self.init.payloads = list(saved["workers"])
+        self.prefix = self.dropped = shift
+        return None
+
+    def resumed(self) -> str | None:
+        """After the resumed iterator was created: stop loading states; returns a problem the workers found, if any."""
+        payloads, self.init.payloads = self.init.payloads, None
+        if payloads is None:
+            return None
+        deadline = time.monotonic() + WAIT_S
+        starts = self.buffers.starts
+        while not bool(starts[:, _STARTED].all()) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        for worker, payload in enumerate(payloads):
+            seed, digest, started = starts[worker].tolist()
+            if payload is not None and started and seed == payload["seed"] and digest != payload["init_digest"]:
+                return (
+                    f"its worker_init_fn left worker {worker} in other random states than the original worker's with"
+                    " the same seed (it seeds from something other than its worker id and seed, such as the clock)"
+                )
+        return None
+
+
+class WorkerStates:
+    """The worker recordings of one trainer's train loaders."""
+
+    def __init__(self) -> None:
+        self.loaders: dict[int, LoaderWorkers] = {}
+
+    def attach(self, loaders: Sequence[Any], recorders: Sequence[Any]) -> None:
+        """Record the workers of every map-style train loader that has them (its index sampler is recorded)."""
+        self.detach()
+        for index, (loader, recorder) in enumerate(zip(loaders, recorders)):
+            if recorder is not None and loader.num_workers > 0:
+                workers = LoaderWorkers(index, loader)
+                self.loaders[index] = workers
+                recorder.on_pass = workers.pass_started
+
+    def detach(self) -> None:
+        for workers in self.loaders.values():
+            workers.detach()
+        self.loaders = {}
+
+    def arm(self, index: int, saved: Mapping[str, Any] | None, skip: int, continues_pass: bool) -> str | None:
+        """Make loader ``index``'s next workers continue the saved ones (see :meth:`LoaderWorkers.arm`).
+
+        Returns:
+            Why they cannot, or None.
+
+        """
+        workers = self.loaders.get(index)
+        if workers is None:
+            if saved is not None and saved["num_workers"] > 0:
+                return f"the checkpoint was written with num_workers={saved['num_workers']} and the loader now has none"
+            return None
+        if saved is None:
+            return (
+                "the checkpoint recorded no worker states for it (it was written with num_workers=0, or by"
+                " lightning-midepoch 0.2.0 or earlier)"
+            )
+        if _compat.workers_started(workers.loader):
+            return "its persistent workers were already running before this fit resumed"
+        return workers.arm(saved, skip, continues_pass)
+
+    def resumed(self) -> dict[int, str]:
+        """After the resumed iterator was created: the problems its workers reported, per loader."""
+        problems = {index: workers.resumed() for index, workers in self.loaders.items()}
+        return {index: problem for index, problem in problems.items() if problem is not None}
+
+    def state_dict(self, positions: Mapping[int, int]) -> list[dict[str, Any] | None]:
+        """Per loader, its workers' states after ``positions[index]`` batches of its current pass."""
+        count = max([*self.loaders, -1]) + 1
+        return [
+            self.loaders[index].state_dict(positions[index]) if index in self.loaders and index in positions else None
+            for index in range(count)
+        ]
+
+
+def persist(recorder: Any, loader: Any) -> bool:
+    """Whether a new pass of this loader reuses the workers of the previous one (persistent workers)."""
+    return recorder is not None and loader.num_workers > 0 and bool(loader.persistent_workers)
+
+
+def saved_entry(rank_state: Mapping[str, Any] | None, index: int) -> Mapping[str, Any] | None:
+    """A loader's saved worker states in a rank's state (None: none recorded)."""
+    entries = rank_state.get(S.KEY_WORKERS) if rank_state is not None else None
+    return entries[index] if entries is not None and index < len(entries) else None

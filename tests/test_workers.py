@@ -1,0 +1,136 @@
+"""Randomness drawn inside DataLoader workers resumes exactly: batches, augmented inputs and weights, bit for bit.
+
+The dataset (``harness.AugmentedDataset``) draws from torch's, numpy's and Python's global generators and from a
+generator it owns, in every ``__getitem__``; each batch's augmented inputs are part of what the runs compare. The
+larger matrix (every worker count with both worker lifetimes, every checkpoint moment) carries the
+``workers_matrix`` marker and runs with ``make test-workers``; ``make test`` runs a spread of it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import Config, CrashPoint, assert_exact, checkpoint_path, interrupt_and_resume, resume_repeatedly, run
+
+#: 20 samples in batches of 2: 10 batches per epoch, handed to the workers in rotation; two epochs.
+AUGMENTED = Config(augment=True, num_workers=2, max_epochs=2)
+#: batch 4 of epoch 0: 5 batches consumed, so the first remaining one went to worker 5 % num_workers, not worker 0
+MID = CrashPoint("train_batch_end", epoch=0, batch=4)
+matrix = pytest.mark.workers_matrix
+
+
+def _lifetime(persistent: bool) -> str:
+    return "persistent" if persistent else "fresh"
+
+
+@pytest.mark.parametrize(
+    ("num_workers", "persistent"),
+    [
+        (2, False),
+        (3, True),
+        pytest.param(1, False, marks=matrix),
+        pytest.param(1, True, marks=matrix),
+        pytest.param(2, True, marks=matrix),
+        pytest.param(3, False, marks=matrix),
+        pytest.param(4, False, marks=matrix),
+        pytest.param(4, True, marks=matrix),
+    ],
+    ids=lambda value: str(value),
+)
+def test_mid_epoch_resume_continues_every_worker(num_workers, persistent, tmp_path):
+    config = replace(AUGMENTED, num_workers=num_workers, persistent_workers=persistent)
+    assert_exact(interrupt_and_resume(config, MID, tmp_path))
+
+
+MOMENTS = {
+    "last_batch": (CrashPoint("train_batch_end", epoch=0, batch=9), {}),
+    "epoch_end": (CrashPoint("train_epoch_end", epoch=0), {}),
+    "epoch_start": (CrashPoint("train_epoch_start", epoch=1), {}),
+    "in_batch": (CrashPoint("before_backward", epoch=0, batch=5), {}),
+    "validation": (CrashPoint("validation_end", epoch=0, batch=3), {"validation": True, "val_check_interval": 4}),
+    "accumulation": (CrashPoint("after_backward", epoch=0, batch=4), {"accumulate_grad_batches": 2}),
+    "model_checkpoint": (CrashPoint("model_checkpoint", step=13, every=13), {}),
+    "epoch_1": (CrashPoint("train_batch_end", epoch=1, batch=6), {}),
+}
+DEFAULT_MOMENTS = {("epoch_end", True), ("in_batch", False), ("validation", True), ("model_checkpoint", True)}
+
+
+@pytest.mark.parametrize(
+    ("moment", "persistent"),
+    [
+        pytest.param(name, persistent, marks=() if (name, persistent) in DEFAULT_MOMENTS else matrix)
+        for name in MOMENTS
+        for persistent in (False, True)
+    ],
+    ids=lambda value: _lifetime(value) if isinstance(value, bool) else value,
+)
+def test_every_checkpoint_moment_continues_the_workers(moment, persistent, tmp_path):
+    crash, settings = MOMENTS[moment]
+    config = replace(AUGMENTED, num_workers=3, persistent_workers=persistent, **settings)
+    assert_exact(interrupt_and_resume(config, crash, tmp_path))
+
+
+def test_several_resumes_in_one_epoch(tmp_path):
+    crashes = [CrashPoint("train_batch_end", epoch=0, batch=batch) for batch in (1, 4, 8)]
+    assert_exact(resume_repeatedly(replace(AUGMENTED, persistent_workers=True), crashes, tmp_path))
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"prefetch_factor": 3, "pin_memory": True},
+        pytest.param({"prefetch_factor": 1}, marks=matrix),
+        {"seed_workers": True},
+        {"worker_init": "seeding"},
+        pytest.param({"worker_init": "seeding", "persistent_workers": True, "seed_workers": True}, marks=matrix),
+    ],
+    ids=lambda settings: "-".join(f"{key}={value}" for key, value in settings.items()),
+)
+def test_loader_settings_and_worker_init_functions(settings, tmp_path):
+    config = replace(AUGMENTED, num_workers=3, **settings)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*pin_memory.*")  # no accelerator on the test machine
+        assert_exact(interrupt_and_resume(config, MID, tmp_path))
+
+
+# ---------------------------------------------------------------------------------------------- warnings
+def _resume_warnings(saved: Config, current: Config, tmp_path: Path, crash: CrashPoint = MID) -> tuple[list[str], Any]:
+    assert run(saved, tmp_path / "interrupted", crash=crash).crashed
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = run(current, tmp_path / "resumed", ckpt_path=checkpoint_path(tmp_path / "interrupted", crash), seed=2)
+    return [str(warning.message) for warning in caught], resumed
+
+
+def test_another_number_of_workers_warns_naming_the_loader(tmp_path):
+    messages, _ = _resume_warnings(AUGMENTED, replace(AUGMENTED, num_workers=3), tmp_path)
+    matching = [m for m in messages if "Train dataloader 0 loads its batches in 3 worker process(es)" in m]
+    assert len(matching) == 1
+    assert "written with num_workers=2 and the loader now has num_workers=3" in matching[0]
+
+
+def test_a_worker_init_function_seeding_from_the_clock_warns(tmp_path):
+    config = replace(AUGMENTED, worker_init="clock")
+    messages, _ = _resume_warnings(config, config, tmp_path)
+    matching = [m for m in messages if "seeds from something other than its worker id and seed" in m]
+    assert len(matching) == 1
+    assert "Train dataloader 0" in matching[0]
+
+
+def test_no_warning_when_the_workers_continue(tmp_path):
+    messages, _ = _resume_warnings(AUGMENTED, AUGMENTED, tmp_path)
+    assert not [m for m in messages if "worker process" in m]
+
+
+@pytest.mark.parametrize("iterable", ["stateful", "plain"])
+def test_an_iterable_dataset_read_in_workers_warns_that_its_epoch_restarts(iterable, tmp_path):
+    config = Config(iterable=iterable, iterable_workers=2, max_epochs=1)
+    messages, _ = _resume_warnings(config, config, tmp_path, CrashPoint("train_batch_end", epoch=0, batch=3))
+    matching = [m for m in messages if "Train dataloader 0 iterates over an IterableDataset (CountingIterable)" in m]
+    assert len(matching) == 1
+    assert "restarts its iteration from the beginning" in matching[0]

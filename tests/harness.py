@@ -111,21 +111,32 @@ WORKER_INITS = {"seeding": seeding_worker_init, "clock": clock_worker_init}
 
 
 class CountingIterable(IterableDataset):
-    """An iterable-style dataset with a position it can save and restore."""
+    """An iterable-style dataset with a position it can save and restore.
 
-    def __init__(self, size: int, stateful: bool) -> None:
+    Read in workers, each worker's copy yields the samples ``index % num_workers == id`` (its shard) and, with
+    ``augment``, adds noise drawn from the worker's global generators.
+    """
+
+    def __init__(self, size: int, stateful: bool, augment: bool = False) -> None:
         self.size = size
         self.position = 0
+        self.augment = augment
         if stateful:
             self.state_dict = lambda: {"position": self.position}
             self.load_state_dict = lambda state: setattr(self, "position", state["position"])
 
     def __iter__(self) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        info = torch.utils.data.get_worker_info()
         while self.position < self.size:
             index = self.position
             self.position += 1
+            if info is not None and index % info.num_workers != info.id:
+                continue
             generator = torch.Generator().manual_seed(index)
-            yield index, torch.randn(4, generator=generator), torch.randn(1, generator=generator)
+            x, y = torch.randn(4, generator=generator), torch.randn(1, generator=generator)
+            if self.augment:
+                x = x + 0.1 * (torch.rand(4) + float(np.random.rand()) + random.random())
+            yield index, x, y
         self.position = 0
 
 
@@ -194,7 +205,7 @@ class Config:
 
     def loaders(self, model: Model) -> Any:
         if self.iterable is not None:
-            dataset = CountingIterable(self.dataset_size, self.iterable == "stateful")
+            dataset = CountingIterable(self.dataset_size, self.iterable == "stateful", self.augment)
             return DataLoader(dataset, batch_size=2, num_workers=self.iterable_workers)
         if self.combined is not None:
             short = replace(self, dataset_size=6, combined=None)

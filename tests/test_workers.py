@@ -127,10 +127,19 @@ def test_no_warning_when_the_workers_continue(tmp_path):
     assert not [m for m in messages if "worker process" in m]
 
 
-@pytest.mark.parametrize("iterable", ["stateful", "plain"])
-def test_an_iterable_dataset_read_in_workers_warns_that_its_epoch_restarts(iterable, tmp_path):
-    config = Config(iterable=iterable, iterable_workers=2, max_epochs=1)
+def test_an_iterable_dataset_without_state_read_in_workers_warns_that_its_epoch_restarts(tmp_path):
+    config = Config(iterable="plain", iterable_workers=2, max_epochs=1)
     messages, _ = _resume_warnings(config, config, tmp_path, CrashPoint("train_batch_end", epoch=0, batch=3))
     matching = [m for m in messages if "Train dataloader 0 iterates over an IterableDataset (CountingIterable)" in m]
     assert len(matching) == 1
     assert "restarts its iteration from the beginning" in matching[0]
+
+
+# ---------------------------------------------------------------------------------------------- iterable datasets
+#: a stateful IterableDataset sharded over 2 workers by worker id, augmented in them: 10 batches of 2 per epoch
+ITERABLE = Config(iterable="stateful", iterable_workers=2, augment=True, max_epochs=2)
+
+
+@pytest.mark.parametrize("batch", [2, 5], ids=["resumes-at-worker-1", "resumes-at-worker-0"])
+def test_a_stateful_iterable_dataset_read_in_workers_continues_each_workers_position(batch, tmp_path):
+    assert_exact(interrupt_and_resume(ITERABLE, CrashPoint("train_batch_end", epoch=0, batch=batch), tmp_path))

@@ -407,6 +407,8 @@ def _loader_report(
         fallback = EXACTLY if seed_determined else FRESH_ORDER
     elif kind == S.KIND_ITERABLE:
         present = all(_rank_entry(ranks, rank, S.KEY_DATASET_STATES, index) is not None for rank in range(world_size))
+        # read in workers: each worker's copy saved its own position with the worker's states
+        present = present or _worker_states_complete(ranks, world_size, index)
         fallback = EPOCH_RESTART
     else:
         present, fallback = loader_state_saved, EPOCH_RESTART
@@ -444,6 +446,14 @@ def _loader_report(
     )
 
 
+def _worker_states_complete(ranks: Sequence[Mapping[str, Any] | None], world_size: int, index: int) -> bool:
+    entries = [_rank_entry(ranks, rank, S.KEY_WORKERS, index) for rank in range(world_size)]
+    return all(
+        isinstance(entry, Mapping) and all(_get(worker, "state", "dataset") is not None for worker in entry["workers"])
+        for entry in entries
+    )
+
+
 def _loader_caveat(loader: LoaderReport, epoch: int) -> str | None:
     where = f"Train dataloader {loader.index} ({loader.order})"
     if loader.continues == FRESH_ORDER:
@@ -455,7 +465,7 @@ def _loader_caveat(loader: LoaderReport, epoch: int) -> str | None:
         return (
             f"{where} iterates over an IterableDataset that saved no state of its own: its iteration restarts from"
             f" the beginning for the rest of epoch {epoch}. Give the dataset state_dict()/load_state_dict() (read"
-            " in the main process, num_workers=0), or use torchdata's StatefulDataLoader, to resume it exactly."
+            " in the main process or in each worker), or use torchdata's StatefulDataLoader, to resume it exactly."
         )
     if loader.continues == EPOCH_RESTART:
         return f"{where} is a stateful loader but the checkpoint holds no loader state for it: it restarts its epoch."

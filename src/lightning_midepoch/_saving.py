@@ -181,7 +181,10 @@ class Saver:
         for index in session.workers.loaders:
             recorder = session.recorders[index]
             record = recorder.record if recorder is not None else None
-            if recorder is None or record is None:
+            if recorder is None:  # an iterable dataset: one pass per epoch
+                positions[index] = max(consumed, 0)
+                continue
+            if record is None:
                 positions[index] = 0
                 continue
             pass_index, position = S.loader_position(mode, max(consumed, 0), len(recorder), record.index)

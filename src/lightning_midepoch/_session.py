@@ -7,7 +7,7 @@ states and partial gradients. What checkpoints save is its :class:`~lightning_mi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_midepoch import _compat, _elastic, _rng, _validate, _workers
@@ -130,6 +130,7 @@ class _Session:
     def start_epoch(self) -> None:
         """The train iterator is being created: every recorder's next pass is the epoch's first."""
         self.saver.iterator_started()
+        self.workers.epoch_started()
         for recorder in self.recorders:
             if recorder is not None:
                 recorder.start_epoch()
@@ -336,10 +337,13 @@ class _Session:
         if plan == "elastic":
             self._start_elastic_epoch(epoch_loop, fetcher, consumed)
             return
-        self._restore_dataset_states(rank_state)
         mode = _compat.combined_mode(self.combined_loader)  # type: ignore[arg-type]
         replays = {}
-        workers_to_arm: dict[int, tuple[int, bool]] = {}
+        # iterable datasets read in workers continue where each worker's copy was
+        workers_to_arm: dict[int, tuple[int, bool]] = {
+            index: (consumed, True) for index in self.workers.loaders if self.recorders[index] is None
+        }
+        self._restore_dataset_states(rank_state, exclude=workers_to_arm)
         for index, recorder in enumerate(self.recorders):
             if recorder is None:
                 continue
@@ -356,7 +360,8 @@ class _Session:
             if continues or _workers.persist(recorder, self.loaders[index]):
                 workers_to_arm[index] = (skip, continues)
         for index in self._arm_workers(rank_state, workers_to_arm):
-            replays[index].new_workers = True
+            if index in replays:
+                replays[index].new_workers = True
         with _rng.isolated_global():
             self._build(fetcher, replays)
         # replaying moved the loaders' own generators back to where the pass started; a pass that draws (again) at
@@ -414,7 +419,9 @@ class _Session:
         armed = []
         for index, (skip, continues) in positions.items():
             problem = self.workers.arm(index, _workers.saved_entry(rank_state, index), skip, continues)
-            if problem is not None:
+            if problem is not None and self.recorders[index] is None:
+                self._warn_iterable(index, self.loaders[index])  # its copies in the workers start from the beginning
+            elif problem is not None:
                 self._warn_workers(index, problem)
             elif index in self.workers.loaders:
                 armed.append(index)
@@ -530,10 +537,12 @@ class _Session:
             if state is not None:
                 loader.dataset.load_state_dict(state)
 
-    def _restore_dataset_states(self, rank_state: Mapping[str, Any] | None) -> None:
+    def _restore_dataset_states(self, rank_state: Mapping[str, Any] | None, exclude: Collection[int] = ()) -> None:
         states = list(rank_state.get(S.KEY_DATASET_STATES, [])) if rank_state is not None else []
         states += [None] * (len(self.loaders) - len(states))
         for index, (loader, state) in enumerate(zip(self.loaders, states)):
+            if index in exclude:
+                continue  # read in workers: each worker's copy continues from its own saved state
             if state is not None:
                 loader.dataset.load_state_dict(state)
             elif S.loader_kind(loader) == S.KIND_ITERABLE:
@@ -559,8 +568,8 @@ class _Session:
         _compat.warn(
             f"Train dataloader {index} iterates over an IterableDataset ({name}), which has no sampler to skip at:"
             " the interrupted epoch restarts its iteration from the beginning. To resume it exactly, give"
-            f" {name} `state_dict()`/`load_state_dict()` methods that save and restore its position (read in the"
-            " main process, so with num_workers=0), or use torchdata's StatefulDataLoader.",
+            f" {name} `state_dict()`/`load_state_dict()` methods that save and restore its position (each worker's"
+            " copy has its own) and resume with the same num_workers, or use torchdata's StatefulDataLoader.",
             self.trainer,
             self.warned,
         )

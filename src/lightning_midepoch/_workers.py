@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
 from lightning_midepoch import _compat, _rawstate, _rng
 from lightning_midepoch import _state as S
@@ -119,6 +119,8 @@ class _WorkerRecorder:
         self.buffers = buffers
         self.objects = _rng.find_rng_objects({"dataset": dataset})
         self.rest = _rawstate.BatchStartStates()
+        # an iterable dataset's copy in this worker keeps its own position (its state_dict())
+        self.dataset = dataset if saves_position(dataset) else None
         # numpy views of this worker's part of the shared memory: writing through them costs nanoseconds per field
         self.headers = buffers.headers[worker_id].numpy()
         self.data = buffers.data[worker_id].numpy()
@@ -131,7 +133,8 @@ class _WorkerRecorder:
         self.rest.take()
         torch_state = torch.default_generator.get_state().numpy().tobytes()
         objects = {path: _raw_object_state(obj) for path, obj in self.objects.items()}
-        return pickle.dumps((torch_state, self.rest.raw(), objects), protocol=pickle.HIGHEST_PROTOCOL)
+        position = self.dataset.state_dict() if self.dataset is not None else None
+        return pickle.dumps((torch_state, self.rest.raw(), objects, position), protocol=pickle.HIGHEST_PROTOCOL)
 
     def write(self, blob: bytes) -> None:
         self.seq += 1
@@ -179,6 +182,8 @@ class _WorkerInit:
             state = payload["state"]
             _rng.restore_global(state["global"])
             _rng.restore_objects(recorder.objects, state["objects"])
+            if recorder.dataset is not None and state.get("dataset") is not None:
+                recorder.dataset.load_state_dict(state["dataset"])  # before the worker starts iterating its copy
             blob = recorder.raw()
         recorder.write(blob)
         self.buffers.starts[worker_id, _SEED] = info.seed if info is not None else 0
@@ -207,10 +212,65 @@ class _RecordingCollate:
 # ---------------------------------------------------------------------------------------------- in the main process
 def _decode(blob: bytes) -> dict[str, Any]:
     """A slot's states in the checkpoint's form (``{"global": ..., "objects": ...}``, weights-only safe)."""
-    torch_state, rest, objects = pickle.loads(blob)  # written by this package's own workers, into its own memory
+    torch_state, rest, objects, position = pickle.loads(blob)  # written by this package's own workers
     global_state = {"torch": torch.frombuffer(bytearray(torch_state), dtype=torch.uint8), **_rawstate.decode(rest)}
     rebuilt = {path: _object_from_raw(kind, raw) for path, (kind, raw) in objects.items()}
-    return {"global": global_state, "objects": _rng.capture_objects(rebuilt)}
+    state = {"global": global_state, "objects": _rng.capture_objects(rebuilt)}
+    if position is not None:
+        state["dataset"] = position
+    return state
+
+
+def saves_position(dataset: Any) -> bool:
+    """An iterable dataset that saves and restores its own position (each worker's copy has its own)."""
+    return isinstance(dataset, IterableDataset) and S.is_stateful(dataset)
+
+
+class _Rotated:
+    """The resumed pass of an iterable dataset read in workers, its batches in the uninterrupted run's rotation.
+
+    A new iterator takes its first batch from worker 0, but the uninterrupted run's next batch came from worker
+    ``first``: batches read from the workers before their turn wait here (at most one per worker). Anything else is
+    the DataLoader iterator's; its reset (persistent workers, next epoch) ends the rotation.
+    """
+
+    def __init__(self, iterator: Any, workers: int, first: int) -> None:
+        self._midepoch_iterator = iterator
+        self._midepoch_workers = workers
+        self._midepoch_turn: int | None = first  # the worker whose batch comes next; None: no rotation any more
+        self._midepoch_read = 0  # batches read from the iterator: its batch p came from worker p % workers
+        self._midepoch_waiting: dict[int, Any] = {}
+
+    def __iter__(self) -> _Rotated:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._midepoch_iterator)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._midepoch_iterator, name)
+
+    def _reset(self, *args: Any, **kwargs: Any) -> Any:
+        self._midepoch_turn = None
+        return self._midepoch_iterator._reset(*args, **kwargs)
+
+    def __next__(self) -> Any:
+        turn = self._midepoch_turn
+        if turn is None:
+            return next(self._midepoch_iterator)
+        waiting = self._midepoch_waiting
+        try:
+            while turn not in waiting:
+                worker = self._midepoch_read % self._midepoch_workers
+                waiting[worker] = next(self._midepoch_iterator)
+                self._midepoch_read += 1
+        except StopIteration:
+            if not waiting:
+                raise
+            after = turn
+            turn = min(waiting, key=lambda worker: (worker - after) % self._midepoch_workers)
+        self._midepoch_turn = (turn + 1) % self._midepoch_workers
+        return waiting.pop(turn)
 
 
 def worker_batches(start: int, end: int, worker: int, workers: int) -> int:
@@ -237,10 +297,16 @@ class LoaderWorkers:
         probe = _WorkerRecorder.__new__(_WorkerRecorder)
         probe.objects = _rng.find_rng_objects({"dataset": loader.dataset})
         probe.rest = _rawstate.BatchStartStates()
+        probe.dataset = loader.dataset if saves_position(loader.dataset) else None
         self.capacity = 2 * len(probe.raw()) + 16384
         self.current_pass = 0
         self.pass_start = 0  # the pass's first batch (its consumed batches were skipped on resume)
         self.dropped = 0  # results of empty index lists to drop from the next iterator
+        self.iterable = saves_position(loader.dataset)
+        self.rotate_from: int | None = None  # an iterable's resumed iterator: the worker its first batch comes from
+        self.next_pass_start = (
+            0  # an iterable's next pass starts at this batch (its resumed pass: the first not consumed)
+        )
         self.prefix = 0  # empty index lists the next pass yields first
         self.buffers = _Buffers.allocate(self.workers, self.slots, self.capacity, self.current_pass)
         self.originals = (loader.worker_init_fn, loader.collate_fn)
@@ -262,7 +328,8 @@ class LoaderWorkers:
         dropped, self.dropped = self.dropped, 0
         for _ in range(dropped):
             next(iterator)
-        return iterator
+        first, self.rotate_from = self.rotate_from, None
+        return _Rotated(iterator, self.workers, first) if first else iterator
 
     def pass_started(self, skip: int) -> int:
         """At the first index of a pass (no worker has work then): number it; returns the empty lists to yield first."""
@@ -332,6 +399,12 @@ class LoaderWorkers:
         if any(worker["state"] is None for worker in saved["workers"]):
             return "the checkpoint holds no states for some of its workers (they were not recorded in time)"
         shift = skip % self.workers if continues_pass else 0
+        if self.iterable:
+            if not continues_pass:
+                return "its dataset's position at the end of an epoch is not recorded (it is read in workers)"
+            self.init.payloads = list(saved["workers"])
+            self.rotate_from, self.next_pass_start = shift, skip
+            return None
         if shift and self.loader.batch_sampler is None:
             return "it has no batch sampler (batch_size=None), so its resumed batches cannot go to the same workers"
         self.init.payloads = list(saved["workers"])
@@ -367,10 +440,19 @@ class WorkerStates:
         """Record the workers of every map-style train loader that has them (its index sampler is recorded)."""
         self.detach()
         for index, (loader, recorder) in enumerate(zip(loaders, recorders)):
-            if recorder is not None and loader.num_workers > 0:
+            iterable = recorder is None and S.loader_kind(loader) == S.KIND_ITERABLE and saves_position(loader.dataset)
+            if (recorder is not None or iterable) and loader.num_workers > 0:
                 workers = LoaderWorkers(index, loader)
                 self.loaders[index] = workers
-                recorder.on_pass = workers.pass_started
+                if recorder is not None:
+                    recorder.on_pass = workers.pass_started
+
+    def epoch_started(self) -> None:
+        """The train iterator is (re)created: a new pass of the iterable datasets read in workers."""
+        for workers in self.loaders.values():
+            if workers.iterable:
+                workers.pass_started(workers.next_pass_start)
+                workers.next_pass_start = 0
 
     def detach(self) -> None:
         for workers in self.loaders.values():

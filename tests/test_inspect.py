@@ -781,3 +781,27 @@ def test_a_checkpoint_written_after_training_stopped_early_continues_its_epoch(t
     assert report.loaders[0].continues == "exactly"
     text = _inspect.render_text(report)
     assert "after training stopped early in epoch 1, after batch_idx 2" in text
+
+
+def test_worker_states_are_reported(tmp_path, capsys):
+    crash = CrashPoint("train_batch_end", epoch=0, batch=4)
+    assert run(Config(augment=True, num_workers=2, max_epochs=1), tmp_path, crash=crash).crashed
+    code, out, _ = cli(capsys, checkpoint_path(tmp_path, crash))
+    assert code == 0
+    assert (
+        "     workers: num_workers=2, random states of 2 of 2 worker(s) recorded; with num_workers=2 they continue"
+        " exactly" in out.splitlines()
+    )
+    assert "Train dataloader 0 read its batches in 2 worker process(es)" in out
+
+
+def test_missing_worker_states_are_a_caveat(tmp_path, capsys):
+    crash = CrashPoint("train_batch_end", epoch=0, batch=4)
+    assert run(Config(augment=True, num_workers=2, max_epochs=1), tmp_path, crash=crash).crashed
+    checkpoint = load(checkpoint_path(tmp_path, crash))
+    checkpoint["callbacks"]["MidEpochResume"]["ranks"][0]["workers"][0]["workers"][1]["state"] = None
+    report = analyse(checkpoint, "edited")
+    (loader,) = report.loaders
+    assert (loader.num_workers, loader.worker_states, loader.worker_states_expected) == (2, 1, 2)
+    assert any("holds the random states of 1 of its 2 DataLoader workers" in caveat for caveat in report.caveats)
+    assert report.verdict == "caveats"

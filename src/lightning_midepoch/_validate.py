@@ -419,10 +419,32 @@ _LOADER = Record(
     global_order=Optional(_GLOBAL_ORDER),
 )
 
+#: A train loader's DataLoader workers' states (``_workers.LoaderWorkers.state_dict``).
+_WORKERS = Record(
+    "a loader's worker states",
+    num_workers=Int(1),
+    workers=List(
+        Record(
+            "a worker's states",
+            state=Optional(
+                Record(
+                    "a worker's random states",
+                    optional={"dataset": AnyDict()},
+                    fields={"global": _GLOBAL, "objects": _OBJECTS},
+                )
+            ),
+            seed=Int(-(2**63), 2**63 - 1),
+            init_digest=Int(0),
+        ),
+        what="one per worker",
+    ),
+)
+
 #: One rank's states; ``None`` for a rank whose states could not be gathered.
 _RANK = Optional(
     Record(
         "a rank's states",
+        optional={S.KEY_WORKERS: List(Optional(_WORKERS), what="one entry or None per train dataloader")},
         rng=_GLOBAL,
         passes=List(Optional(_PASS), what="one pass record or None per train dataloader"),
         generators=List(Optional(_OBJECTS), what="one dict of generator states or None per train dataloader"),

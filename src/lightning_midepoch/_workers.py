@@ -304,9 +304,7 @@ class LoaderWorkers:
         self.dropped = 0  # results of empty index lists to drop from the next iterator
         self.iterable = saves_position(loader.dataset)
         self.rotate_from: int | None = None  # an iterable's resumed iterator: the worker its first batch comes from
-        self.next_pass_start = (
-            0  # an iterable's next pass starts at this batch (its resumed pass: the first not consumed)
-        )
+        self.next_pass_start = 0  # an iterable's next pass starts here (its resumed pass: the first batch not consumed)
         self.prefix = 0  # empty index lists the next pass yields first
         self.buffers = _Buffers.allocate(self.workers, self.slots, self.capacity, self.current_pass)
         self.originals = (loader.worker_init_fn, loader.collate_fn)

@@ -56,8 +56,16 @@ MOMENTS = {
     "accumulation": (CrashPoint("after_backward", epoch=0, batch=4), {"accumulate_grad_batches": 2}),
     "model_checkpoint": (CrashPoint("model_checkpoint", step=13, every=13), {}),
     "epoch_1": (CrashPoint("train_batch_end", epoch=1, batch=6), {}),
+    # the workers produced batches prefetched beyond the epoch's last one; persistent ones carry on after them
+    "limited_epoch_end": (CrashPoint("train_epoch_end", epoch=0), {"limit_train_batches": 7}),
 }
-DEFAULT_MOMENTS = {("epoch_end", True), ("in_batch", False), ("validation", True), ("model_checkpoint", True)}
+DEFAULT_MOMENTS = {
+    ("epoch_end", True),
+    ("in_batch", False),
+    ("validation", True),
+    ("model_checkpoint", True),
+    ("limited_epoch_end", True),
+}
 
 
 @pytest.mark.parametrize(

@@ -91,6 +91,7 @@ OTHER_PRIVATE_NAMES = (
     "_rand",  # numpy's `np.random.mtrand`: its global RandomState (raw state snapshots, _rawstate)
     "_ex_iterable",  # Hugging Face datasets' IterableDataset: its chain of example iterables (unsaved_buffer)
     "_get_iterator",  # torch's DataLoader: creates a new iterator (and its workers); persistent workers reuse theirs
+    "_send_idx",  # torch's multi-process DataLoader iterator: the batches handed to the workers in this pass
 )
 
 #: Private attributes of the train data fetcher (created inside ``setup_data``, checked when it is taken over) and of
@@ -442,6 +443,13 @@ def torch_version() -> str:
     import torch
 
     return str(torch.__version__)
+
+
+def tasks_sent(loader: Any) -> int | None:
+    """How many batches a DataLoader's persistent workers were handed in the current pass (None: no iterator)."""
+    iterator = getattr(loader, "_iterator", None)
+    sent = getattr(iterator, "_send_idx", None)
+    return sent if isinstance(sent, int) else None
 
 
 def unwrap_iterator_creation(loader: Any) -> None:

@@ -142,7 +142,8 @@ class Saver:
             S.KEY_GRADS: grads,
         }
         if session.workers.loaders:
-            rank_state[S.KEY_WORKERS] = session.workers.state_dict(self._worker_positions())
+            epoch_ended = bool(session.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+            rank_state[S.KEY_WORKERS] = session.workers.state_dict(self._worker_positions(), epoch_ended)
         fetcher = self.session.fetcher
         fetched = 0
         if fetcher is not None and fetcher.iterator is not None:

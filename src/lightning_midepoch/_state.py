@@ -35,8 +35,9 @@ Layout (version 1)::
              "dataset_states": [dict | None],  # per loader: an IterableDataset's own state_dict(), if it has one
              "grads": {name: tensor} | None,   # partial gradients of an unfinished accumulation group
              "workers": [                      # per loader (not in 0.2.0): its DataLoader workers' states, or None
-                 {"num_workers": int, "workers": [{"state": {"global": ..., "objects": ...} | None,
-                                                   "seed": int, "init_digest": int}]} | None]},
+                 {"num_workers": int, "workers": [{"state": {"global": ..., "objects": ..., "dataset": ...} | None,
+                                                   "seed": int, "init_digest": int}],
+                  "after_pass": [...]} | None]},  # persistent workers at an epoch's end: after all they produced
         ],
     }
 """

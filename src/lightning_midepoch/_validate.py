@@ -419,25 +419,25 @@ _LOADER = Record(
     global_order=Optional(_GLOBAL_ORDER),
 )
 
-#: A train loader's DataLoader workers' states (``_workers.LoaderWorkers.state_dict``).
+#: One DataLoader worker's states (``_workers.LoaderWorkers.state_dict``).
+_WORKER = Record(
+    "a worker's states",
+    state=Optional(
+        Record(
+            "a worker's random states",
+            optional={"dataset": AnyDict()},
+            fields={"global": _GLOBAL, "objects": _OBJECTS},
+        )
+    ),
+    seed=Int(-(2**63), 2**63 - 1),
+    init_digest=Int(0),
+)
+#: A train loader's DataLoader workers' states.
 _WORKERS = Record(
     "a loader's worker states",
+    optional={"after_pass": List(_WORKER, what="one per worker")},
     num_workers=Int(1),
-    workers=List(
-        Record(
-            "a worker's states",
-            state=Optional(
-                Record(
-                    "a worker's random states",
-                    optional={"dataset": AnyDict()},
-                    fields={"global": _GLOBAL, "objects": _OBJECTS},
-                )
-            ),
-            seed=Int(-(2**63), 2**63 - 1),
-            init_digest=Int(0),
-        ),
-        what="one per worker",
-    ),
+    workers=List(_WORKER, what="one per worker"),
 )
 
 #: One rank's states; ``None`` for a rank whose states could not be gathered.

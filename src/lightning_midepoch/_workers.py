@@ -306,6 +306,7 @@ class LoaderWorkers:
         self.rotate_from: int | None = None  # an iterable's resumed iterator: the worker its first batch comes from
         self.next_pass_start = 0  # an iterable's next pass starts here (its resumed pass: the first batch not consumed)
         self.prefix = 0  # empty index lists the next pass yields first
+        self.shifted = 0  # ... and those the current pass yielded
         self.buffers = _Buffers.allocate(self.workers, self.slots, self.capacity, self.current_pass)
         self.originals = (loader.worker_init_fn, loader.collate_fn)
         self.init = _WorkerInit(loader.worker_init_fn, self.buffers)
@@ -335,11 +336,17 @@ class LoaderWorkers:
         self.buffers.passes[0] = self.current_pass
         self.pass_start = skip
         prefix, self.prefix = self.prefix, 0
+        self.shifted = prefix
         return prefix
 
     # ------------------------------------------------------------------ saving
-    def state_dict(self, consumed: int) -> dict[str, Any]:
-        """The states each worker continues from after ``consumed`` batches of the current pass."""
+    def state_dict(self, consumed: int, pass_ended: bool = False) -> dict[str, Any]:
+        """The states each worker continues from after ``consumed`` batches of the current pass.
+
+        With persistent workers at a pass's end (``pass_ended``) the workers also produced the batches prefetched
+        beyond the last one trained (an epoch cut short by ``limit_train_batches``, say), which the uninterrupted
+        run discarded: the next pass continues from their states after those (``"after_pass"``).
+        """
         workers = []
         for worker in range(self.workers):
             batches = worker_batches(self.pass_start, consumed, worker, self.workers)
@@ -348,7 +355,20 @@ class LoaderWorkers:
             workers.append(
                 {"state": _decode(blob) if blob is not None else None, "seed": int(seed), "init_digest": int(digest)}
             )
-        return {"num_workers": self.workers, "workers": workers}
+        state: dict[str, Any] = {"num_workers": self.workers, "workers": workers}
+        sent = _compat.tasks_sent(self.loader) if pass_ended and self.loader.persistent_workers else None
+        if sent is not None and not self.iterable:
+            end = self.pass_start + sent - self.shifted
+            if end > consumed:
+                after = [
+                    self._wait_for(worker, worker_batches(self.pass_start, end, worker, self.workers))
+                    for worker in range(self.workers)
+                ]
+                state["after_pass"] = [
+                    {**entry, "state": _decode(blob) if blob is not None else None}
+                    for entry, blob in zip(workers, after)
+                ]
+        return state
 
     def _find(self, worker: int, batches: int) -> bytes | bool | None:
         """The slot after ``batches`` batches of the current pass (0: the latest before it).
@@ -394,6 +414,8 @@ class LoaderWorkers:
                 f"the checkpoint was written with num_workers={saved['num_workers']} and the loader now has"
                 f" num_workers={self.workers}"
             )
+        if not continues_pass and saved.get("after_pass") is not None:
+            saved = {**saved, "workers": saved["after_pass"]}  # a new pass: after everything the workers produced
         if any(worker["state"] is None for worker in saved["workers"]):
             return "the checkpoint holds no states for some of its workers (they were not recorded in time)"
         shift = skip % self.workers if continues_pass else 0
@@ -483,11 +505,13 @@ class WorkerStates:
         problems = {index: workers.resumed() for index, workers in self.loaders.items()}
         return {index: problem for index, problem in problems.items() if problem is not None}
 
-    def state_dict(self, positions: Mapping[int, int]) -> list[dict[str, Any] | None]:
+    def state_dict(self, positions: Mapping[int, int], epoch_ended: bool = False) -> list[dict[str, Any] | None]:
         """Per loader, its workers' states after ``positions[index]`` batches of its current pass."""
         count = max([*self.loaders, -1]) + 1
         return [
-            self.loaders[index].state_dict(positions[index]) if index in self.loaders and index in positions else None
+            self.loaders[index].state_dict(positions[index], epoch_ended)
+            if index in self.loaders and index in positions
+            else None
             for index in range(count)
         ]
 

@@ -7,7 +7,7 @@ states and partial gradients. What checkpoints save is its :class:`~lightning_mi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_midepoch import _compat, _elastic, _rng, _validate
@@ -265,12 +265,20 @@ class _Session:
             self.warned,
         )
 
-    def _restore_loader_generators(self, rank_state: Mapping[str, Any] | None) -> None:
-        """Set the generators owned by the loaders and their samplers to their states at the checkpoint."""
+    def _restore_loader_generators(
+        self, rank_state: Mapping[str, Any] | None, restored: Set[int] = frozenset()
+    ) -> None:
+        """Set the generators owned by the loaders and their samplers to their states at the checkpoint.
+
+        Those of the loaders in ``restored`` are set by their replayed pass (only missing ones are reported).
+        """
         states = rank_state.get(S.KEY_GENERATORS, []) if rank_state is not None else []
         for index, (recorder, objects) in enumerate(zip(self.recorders, states)):
             if recorder is not None and objects:
-                missing = _rng.restore_objects(recorder.rng_objects, objects)
+                if index in restored:
+                    missing = [path for path in objects if path not in recorder.rng_objects]
+                else:
+                    missing = _rng.restore_objects(recorder.rng_objects, objects)
                 if missing:
                     self._warn_missing_generators(index, missing)
         for index, paths in self.out_of_reach.items():
@@ -345,12 +353,15 @@ class _Session:
                 replay_record = _PassRecord.from_state_dict(record)
             elif not S.describe_order(recorder.inner)[1]:
                 self._warn_unrecoverable(index)
-            replays[index] = _Replay(replay_record, skip, pass_index)
+            saved = rank_state.get(S.KEY_GENERATORS, []) if rank_state is not None else []
+            generators = saved[index] if index < len(saved) else None
+            replays[index] = _Replay(replay_record, skip, pass_index, generators=generators)
         with _rng.isolated_global():
             self._build(fetcher, replays)
         # replaying moved the loaders' own generators back to where the pass started; a pass that draws (again) at
-        # its first next() sets them itself, but one that is never advanced again must still end where it was
-        self._restore_loader_generators(rank_state)
+        # its first next() sets them itself, but one that is never advanced again must still end where it was. A
+        # replayed pass that knows how far the loader had taken it sets them at that position itself.
+        self._restore_loader_generators(rank_state, {index for index, replay in replays.items() if replay.restored})
         if self.finish_interrupted_batch and epoch_loop.batch_progress.is_last_batch:
             # written at the epoch's last batch: nothing of this epoch is fetched again, but creating its iterator
             # fetched ahead from the datasets that keep their own position; they start the next epoch where they were

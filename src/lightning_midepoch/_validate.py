@@ -441,7 +441,7 @@ _RANK = Optional(
     )
 )
 
-#: How one world size lays an epoch out (``_session._elastic_layout``).
+#: How one world size lays an epoch out (``_planning.elastic_layout``).
 _LAYOUT = Record(world_size=Int(1), drop_last=Bool(), batch_size=Int(1), batch_drop_last=Bool())
 #: An epoch being finished on another world size (``_session._start_elastic_epoch``).
 _ELASTIC = Record(

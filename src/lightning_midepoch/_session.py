@@ -7,8 +7,11 @@ states and partial gradients. What checkpoints save is its :class:`~lightning_mi
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
+
+import torch
 
 from lightning_midepoch import _compat, _elastic, _rng, _validate
 from lightning_midepoch import _state as S
@@ -55,6 +58,11 @@ class _Session:
         self.discarded = False  # its entry was damaged and set aside (on_mismatch="restart_epoch"), with a warning
         self.restored_in_batch = False  # the checkpoint resumed was written inside a batch (Lightning re-runs it)
         self.out_of_reach: dict[int, list[str]] = {}  # per loader: where the search for its generators stopped
+        # datasets and loaders given a saved position for the resumed pass only (forgotten when the next one starts)
+        self.one_pass_positions: list[Any] = []
+        # the first fetch after a mid-epoch resume, where a loader that starts its iterator lazily draws a base seed
+        self.lazy_starts: list[int] = []
+        self._before_first_fetch: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ installing
     def install(self) -> None:
@@ -94,13 +102,43 @@ class _Session:
 
     def after_fetch(self) -> None:
         """Called right after every fetch from the train loaders."""
+        if self.lazy_starts:
+            self._undo_lazy_seed_draw()
         self.saver.batch_started()
         self.fetching = False
 
     def before_fetch(self) -> None:
         """Called right before every fetch from the train loaders."""
         self.fetching = True
+        if self.lazy_starts:
+            self._before_first_fetch = torch.get_rng_state()
         self.saver.before_fetch()
+
+    def _undo_lazy_seed_draw(self) -> None:
+        """After the first fetch of a resumed epoch from a loader whose iterator starts at its first ``next()``.
+
+        Such a loader (litdata's ``StreamingDataLoader``: its ``__iter__`` is a generator) creates its DataLoader
+        iterator, which draws a base seed from torch's global generator, at its first batch: at the epoch's start in
+        the uninterrupted run, here at the batch the epoch continues with, where that run drew nothing. The draw is
+        taken back when it is all that the fetch drew; otherwise the draws cannot be told apart, which is said.
+        """
+        loaders, before = self.lazy_starts, self._before_first_fetch
+        self.lazy_starts, self._before_first_fetch = [], None
+        if before is None:  # pragma: no cover - a fetch always starts before it ends
+            return
+        after = torch.get_rng_state()
+        if torch.equal(after, _rng.after_seed_draw(before)):
+            torch.set_rng_state(before)
+        elif not torch.equal(after, before):  # (a loader with its own `generator` draws nothing from the global one)
+            _compat.warn(
+                f"Train dataloader {loaders[0]} ({type(self.loaders[loaders[0]]).__name__}) starts its iterator at"
+                " its first batch, which after this resume is inside the epoch, and that first fetch drew from"
+                " torch's global random generator beyond the iterator's base seed (the dataset, in the main process):"
+                " the random draws that follow differ from the uninterrupted run's. Load with num_workers > 0 or"
+                " draw from generators of the dataset's own to resume exactly.",
+                self.trainer,
+                self.warned,
+            )
 
     def _install_recorder(self, loader: Any) -> _IndexSamplerRecorder | None:
         if S.loader_kind(loader) != S.KIND_MAP:
@@ -126,6 +164,10 @@ class _Session:
 
     def start_epoch(self) -> None:
         """The train iterator is being created: every recorder's next pass is the epoch's first."""
+        for restored in self.one_pass_positions:
+            _compat.forget_restored_position(restored)
+        self.one_pass_positions = []
+        self.lazy_starts = []  # a new epoch's iterator: its start draws as in the uninterrupted run
         self.saver.iterator_started()
         for recorder in self.recorders:
             if recorder is not None:
@@ -313,6 +355,7 @@ class _Session:
             # (an entry that recorded nothing comes from a trainer that had not trained: nothing was lost)
             self._warn_stock_checkpoint()
         if starts_epoch:
+            self._leave_finished_passes()
             # a new epoch: its order is drawn now from the live states, exactly as in the uninterrupted run
             self._build(fetcher, {i: _Replay(None, 0, 0, live=True) for i in self._rewound_loaders(epoch)})
             return
@@ -331,7 +374,10 @@ class _Session:
         if plan == "elastic":
             self._start_elastic_epoch(epoch_loop, fetcher, consumed)
             return
-        self._restore_dataset_states(rank_state)
+        at_epoch_end = self.finish_interrupted_batch and epoch_loop.batch_progress.is_last_batch
+        self._restore_dataset_states(rank_state, at_epoch_end)
+        if self.restored_in_batch:
+            self._warn_stateful_rerun()
         mode = _compat.combined_mode(self.combined_loader)  # type: ignore[arg-type]
         replays = {}
         for index, recorder in enumerate(self.recorders):
@@ -351,15 +397,46 @@ class _Session:
         # replaying moved the loaders' own generators back to where the pass started; a pass that draws (again) at
         # its first next() sets them itself, but one that is never advanced again must still end where it was
         self._restore_loader_generators(rank_state)
-        if self.finish_interrupted_batch and epoch_loop.batch_progress.is_last_batch:
+        if at_epoch_end:
             # written at the epoch's last batch: nothing of this epoch is fetched again, but creating its iterator
             # fetched ahead from the datasets that keep their own position; they start the next epoch where they were
             self._reload_dataset_states(rank_state)
+        if not at_epoch_end and not getattr(fetcher, "batches", None):  # (a fetch ahead was isolated with the build)
+            self.lazy_starts = [
+                index
+                for index, loader in enumerate(self.loaders)
+                if S.loader_kind(loader) == S.KIND_STATEFUL and inspect.isgeneratorfunction(type(loader).__iter__)
+            ]
+        # what was restored holds for this pass only: later passes start afresh, as in the uninterrupted run
+        self.one_pass_positions = [
+            obj
+            for loader in self.loaders
+            for obj in (loader, getattr(loader, "dataset", None))
+            if S.loader_kind(loader) != S.KIND_MAP and obj is not None
+        ]
         _compat.set_batch_index(self.combined_loader, consumed)  # type: ignore[arg-type]
         if pulled:
             # the epoch loop adds the steps it restored to the fetcher's count; the steps pulled `consumed` batches,
             # and the fetcher tells the epoch's end from that count (one step too many otherwise)
             fetcher.fetched += consumed - epoch_loop.batch_progress.current.ready
+
+    def _leave_finished_passes(self) -> None:
+        """A new epoch after a checkpoint written at the previous one's end: stateful loaders continue from there.
+
+        Lightning gives stateful loaders (torchdata's ``StatefulDataLoader``, litdata's ``StreamingDataLoader``) their
+        saved states only when it resumes inside an epoch; a fresh loader would start the next epoch from its first
+        order and epoch counter. Each is given its state at the end of the finished pass and started once (the
+        restored iterator is at that pass's end and is dropped), so that the next iterator is the next epoch's, drawn
+        from the loader's own generators and counters as in the uninterrupted run.
+        """
+        fit_loop = self.trainer.fit_loop
+        if self.combined_loader is None or not _compat.pending_loader_states(fit_loop):
+            return
+        _compat.load_loader_states(fit_loop, self.combined_loader)
+        with _rng.isolated_global():  # a DataLoader iterator draws its base seed; this one is no pass of the run's
+            for loader in self.loaders:
+                if S.loader_kind(loader) == S.KIND_STATEFUL:
+                    iter(loader)
 
     def _rewound_loaders(self, epoch: int) -> list[int]:
         """Loaders whose first iterator here is a new one where the uninterrupted run reused its persistent workers.
@@ -489,7 +566,7 @@ class _Session:
             if state is not None:
                 loader.dataset.load_state_dict(state)
 
-    def _restore_dataset_states(self, rank_state: Mapping[str, Any] | None) -> None:
+    def _restore_dataset_states(self, rank_state: Mapping[str, Any] | None, at_epoch_end: bool) -> None:
         states = list(rank_state.get(S.KEY_DATASET_STATES, [])) if rank_state is not None else []
         states += [None] * (len(self.loaders) - len(states))
         for index, (loader, state) in enumerate(zip(self.loaders, states)):
@@ -499,7 +576,7 @@ class _Session:
                 self._warn_iterable(index, loader)
                 continue
             buffer = _compat.unsaved_buffer(getattr(loader, "dataset", None))
-            if buffer is not None:
+            if buffer is not None and not at_epoch_end:  # (at the epoch's last batch the buffer had been emptied)
                 self._warn_buffer(index, loader, buffer)
 
     def _warn_buffer(self, index: int, loader: Any, buffer: str) -> None:
@@ -520,6 +597,24 @@ class _Session:
             " the interrupted epoch restarts its iteration from the beginning. To resume it exactly, give"
             f" {name} `state_dict()`/`load_state_dict()` methods that save and restore its position (read in the"
             " main process, so with num_workers=0), or use torchdata's StatefulDataLoader.",
+            self.trainer,
+            self.warned,
+        )
+
+    def _warn_stateful_rerun(self) -> None:
+        stateful = [
+            f"{index} ({type(loader).__name__})"
+            for index, loader in enumerate(self.loaders)
+            if S.loader_kind(loader) == S.KIND_STATEFUL
+        ]
+        if not stateful:
+            return
+        which = f"dataloader {stateful[0]}" if len(stateful) == 1 else f"dataloaders {', '.join(stateful)}"
+        _compat.warn(
+            f"The checkpoint was written inside a batch, which Lightning runs again, but train {which} keeps its own"
+            " position, saved after that batch had been fetched: the batch it runs again is the next one, so one"
+            " batch of this epoch is skipped. Write checkpoints in on_train_batch_end or on_train_epoch_end (as"
+            " ModelCheckpoint does), which resume exactly.",
             self.trainer,
             self.warned,
         )

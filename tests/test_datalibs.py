@@ -23,8 +23,9 @@ MID = CrashPoint("train_batch_end", epoch=1, batch=3)
 LAST = CrashPoint("train_batch_end", epoch=1, batch=9)  # the last of the 10 batches of an epoch of 20 samples
 EPOCH_END = CrashPoint("train_epoch_end", epoch=1)
 INSIDE = CrashPoint("before_optimizer_step", epoch=0, batch=4)
-CRASHES = [MID, LAST, EPOCH_END, INSIDE]
-CRASH_IDS = ["mid-epoch", "last-batch", "epoch-end", "inside-a-batch"]
+EPOCH_START = CrashPoint("train_epoch_start", epoch=1)
+CRASHES = [MID, LAST, EPOCH_END, INSIDE, EPOCH_START]
+CRASH_IDS = ["mid-epoch", "last-batch", "epoch-end", "inside-a-batch", "epoch-start"]
 
 
 def _sample(i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,10 +53,17 @@ def _resume_messages(config: Config, crash: CrashPoint, tmp_path: Path) -> list[
 # ---------------------------------------------------------------- torchdata's StatefulDataLoader
 @dataclass(frozen=True)
 class StatefulLoaderConfig(Config):
-    """A map-style dataset shuffled by torchdata's ``StatefulDataLoader``, which saves its own position."""
+    """A map-style dataset shuffled by torchdata's ``StatefulDataLoader``, which saves its own position; or a Hugging
+    Face ``IterableDataset``, whose state it saves."""
+
+    hugging_face: bool = False
 
     def make_loader(self, model: Model) -> DataLoader:
         stateful_dataloader = pytest.importorskip("torchdata.stateful_dataloader")
+        if self.hugging_face:
+            datasets = pytest.importorskip("datasets")
+            rows = datasets.Dataset.from_dict({"i": list(range(self.dataset_size))}).to_iterable_dataset()
+            return stateful_dataloader.StatefulDataLoader(rows, batch_size=self.batch_size, collate_fn=collate_rows)
         dataset = IndexedDataset(self.dataset_size)
         model.datasets.append(dataset)
         return stateful_dataloader.StatefulDataLoader(
@@ -168,14 +176,11 @@ class WrappedConfig(Config):
 
 
 # ================================================================ the tests
-EXACT = [MID, LAST, EPOCH_END]
-EXACT_IDS = ["mid-epoch", "last-batch", "epoch-end"]
-
-
-@pytest.mark.parametrize("crash", EXACT, ids=EXACT_IDS)
+@pytest.mark.parametrize("crash", CRASHES, ids=CRASH_IDS)
 def test_stateful_dataloader(crash, tmp_path):
-    """Its own state drives the position (no second skip), the callback restores the random states; at an epoch's
-    end Lightning leaves the loader's state unused, and the next epoch's order comes from that state's generator."""
+    """Its own state drives the position (no second skip), the callback restores the random states. At an epoch's
+    end Lightning leaves the loader's state unused: the next epoch's order comes from that state's generator. Inside
+    a batch Lightning saved the state after that batch's fetch: the state before it is saved instead."""
     assert_exact(interrupt_and_resume(StatefulLoaderConfig(), crash, tmp_path))
 
 
@@ -183,23 +188,23 @@ def test_stateful_dataloader_with_workers(tmp_path):
     assert_exact(interrupt_and_resume(StatefulLoaderConfig(num_workers=2), MID, tmp_path))
 
 
-@pytest.mark.parametrize("crash", EXACT, ids=EXACT_IDS)
+@pytest.mark.parametrize("crash", CRASHES, ids=CRASH_IDS)
+def test_stateful_dataloader_over_a_hugging_face_iterable(crash, tmp_path):
+    """Lightning fetches ahead from this unsized loader: the state before the fetches a resumed run makes again is
+    saved; the dataset state the loader gives it applies to the resumed pass only."""
+    assert_exact(interrupt_and_resume(StatefulLoaderConfig(hugging_face=True), crash, tmp_path))
+
+
+def test_streaming_dataloader_with_workers(streaming_directory, tmp_path):
+    config = StreamingConfig(directory=streaming_directory, num_workers=2)
+    assert_exact(interrupt_and_resume(config, MID, tmp_path))
+
+
+@pytest.mark.parametrize("crash", CRASHES, ids=CRASH_IDS)
 def test_streaming_dataloader(crash, streaming_directory, tmp_path):
     """litdata's loader leaves its restore mode for the next epoch, and its lazily started iterator's base seed is
     not drawn a second time in the resumed epoch."""
     assert_exact(interrupt_and_resume(StreamingConfig(directory=streaming_directory), crash, tmp_path))
-
-
-@pytest.mark.parametrize("make_config", [StatefulLoaderConfig, StreamingConfig], ids=["torchdata", "litdata"])
-def test_a_stateful_loader_checkpointed_inside_a_batch_warns(make_config, streaming_directory, tmp_path):
-    config = make_config(directory=streaming_directory) if make_config is StreamingConfig else make_config()
-    messages = _resume_messages(config, INSIDE, tmp_path)
-    name = "StreamingDataLoader" if make_config is StreamingConfig else "StatefulDataLoader"
-    assert any(f"train dataloader 0 ({name}) keeps its own position" in m for m in messages)
-    # what the warning says: the batch run again is the next one
-    full = run(config, tmp_path / "full")
-    resumed = run(config, tmp_path / "again", ckpt_path=checkpoint_path(tmp_path / "interrupted", INSIDE), seed=2)
-    assert resumed.seen[0][2] == next(ids for epoch, batch, ids in full.seen if (epoch, batch) == (0, 5))
 
 
 def test_hugging_face_map_style_with_workers(tmp_path):

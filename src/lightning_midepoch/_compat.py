@@ -632,3 +632,37 @@ def forget_restored_position(obj: object) -> None:
         obj._starting_state_dict = None  # type: ignore[attr-defined]
     if type(obj).__module__.split(".")[0] == "litdata" and getattr(obj, "restore", None) is True:
         obj.restore = False  # type: ignore[attr-defined]
+
+
+def replace_loader_states(checkpoint: dict[str, Any], states: list[Any]) -> None:
+    """Put the given states of the stateful train loaders into a checkpoint Lightning is writing, where not ``None``.
+
+    Lightning keeps them, in the order of the loaders, under the fit loop's ``combined_loader`` key.
+
+    Example:
+        >>> checkpoint = {"loops": {"fit_loop": {"state_dict": {"combined_loader": [{"at": 5}, {"at": 3}]}}}}
+        >>> replace_loader_states(checkpoint, [{"at": 4}, None])
+        >>> checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+        [{'at': 4}, {'at': 3}]
+
+    """
+    saved = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {}).get("combined_loader")
+    if not isinstance(saved, list) or len(saved) != len(states):
+        return
+    for index, state in enumerate(states):
+        if state is not None:
+            saved[index] = state
+
+
+def lags_a_pass(dataset: object) -> bool:
+    """Whether a dataset's ``state_dict()`` still describes its previous pass until a new pass fetches.
+
+    Hugging Face's ``datasets.IterableDataset`` sets up a pass's state at the pass's first example (read from
+    ``datasets`` 5.2.0: the loaded state it keeps, ``_starting_state_dict``, marks it).
+
+    Example:
+        >>> lags_a_pass(range(3))
+        False
+
+    """
+    return hasattr(dataset, "_starting_state_dict")

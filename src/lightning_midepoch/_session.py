@@ -211,6 +211,8 @@ class _Session:
         """
         if not self.trained and _compat.restoring_checkpoint(self.trainer):
             self.resuming = True
+            # what the stateful loaders are given (if Lightning gives it) is their state before the first fetch
+            self.saver.loaded_loader_states = _compat.pending_loader_states(self.trainer.fit_loop)
             self.reopen_stopped_epoch()
             fit_loop = self.trainer.fit_loop
             if fit_loop.restarting and _compat.epoch_trained(fit_loop.epoch_progress):
@@ -355,9 +357,17 @@ class _Session:
             # (an entry that recorded nothing comes from a trainer that had not trained: nothing was lost)
             self._warn_stock_checkpoint()
         if starts_epoch:
-            self._leave_finished_passes()
-            # a new epoch: its order is drawn now from the live states, exactly as in the uninterrupted run
-            self._build(fetcher, {i: _Replay(None, 0, 0, live=True) for i in self._rewound_loaders(epoch)})
+            continued = self._leave_finished_passes(epoch)
+            self.saver.loaded_loader_states = []  # the epoch's first fetch is from a new iterator
+            # a new epoch: its order is drawn now from the live states, exactly as in the uninterrupted run; except
+            # that epoch 0's iterator was started before on_train_epoch_start, and its stateful loaders continue it
+            replays = {i: _Replay(None, 0, 0, live=True) for i in self._rewound_loaders(epoch)}
+            if continued:
+                with _rng.isolated_global():
+                    self._build(fetcher, replays)
+                self.one_pass_positions = self._restored_positions()
+            else:
+                self._build(fetcher, replays)
             return
         if _compat.has_callback(trainer, "StochasticWeightAveraging"):
             self._warn_swa()
@@ -375,9 +385,7 @@ class _Session:
             self._start_elastic_epoch(epoch_loop, fetcher, consumed)
             return
         at_epoch_end = self.finish_interrupted_batch and epoch_loop.batch_progress.is_last_batch
-        self._restore_dataset_states(rank_state, at_epoch_end)
-        if self.restored_in_batch:
-            self._warn_stateful_rerun()
+        self._restore_dataset_states(rank_state, at_epoch_end, from_start=consumed == 0)
         mode = _compat.combined_mode(self.combined_loader)  # type: ignore[arg-type]
         replays = {}
         for index, recorder in enumerate(self.recorders):
@@ -408,35 +416,49 @@ class _Session:
                 if S.loader_kind(loader) == S.KIND_STATEFUL and inspect.isgeneratorfunction(type(loader).__iter__)
             ]
         # what was restored holds for this pass only: later passes start afresh, as in the uninterrupted run
-        self.one_pass_positions = [
-            obj
-            for loader in self.loaders
-            for obj in (loader, getattr(loader, "dataset", None))
-            if S.loader_kind(loader) != S.KIND_MAP and obj is not None
-        ]
+        self.one_pass_positions = self._restored_positions()
         _compat.set_batch_index(self.combined_loader, consumed)  # type: ignore[arg-type]
         if pulled:
             # the epoch loop adds the steps it restored to the fetcher's count; the steps pulled `consumed` batches,
             # and the fetcher tells the epoch's end from that count (one step too many otherwise)
             fetcher.fetched += consumed - epoch_loop.batch_progress.current.ready
 
-    def _leave_finished_passes(self) -> None:
-        """A new epoch after a checkpoint written at the previous one's end: stateful loaders continue from there.
+    def _restored_positions(self) -> list[Any]:
+        """The loaders and datasets that may have been given a saved position (all but the map-style ones)."""
+        return [
+            obj
+            for loader in self.loaders
+            for obj in (loader, getattr(loader, "dataset", None))
+            if S.loader_kind(loader) != S.KIND_MAP and obj is not None
+        ]
+
+    def _leave_finished_passes(self, epoch: int) -> bool:
+        """A new epoch after a checkpoint written at an epoch's end or start: stateful loaders continue from there.
 
         Lightning gives stateful loaders (torchdata's ``StatefulDataLoader``, litdata's ``StreamingDataLoader``) their
-        saved states only when it resumes inside an epoch; a fresh loader would start the next epoch from its first
-        order and epoch counter. Each is given its state at the end of the finished pass and started once (the
-        restored iterator is at that pass's end and is dropped), so that the next iterator is the next epoch's, drawn
-        from the loader's own generators and counters as in the uninterrupted run.
+        saved states only when it resumes inside an epoch (also at its start); after one written at an epoch's end a
+        fresh loader would start the next epoch from its first order and epoch counter. Each is given its state, which
+        is at the end of the finished pass, and started once (that iterator is dropped, as is the position it gave
+        its dataset), so that the next iterator is the next epoch's, drawn from the loader's own generators and
+        counters as in the uninterrupted run. Epoch 0's iterator was started before ``on_train_epoch_start``: a state
+        from there is that iterator's, which continues (True is returned: its start draws nothing again).
         """
         fit_loop = self.trainer.fit_loop
-        if self.combined_loader is None or not _compat.pending_loader_states(fit_loop):
-            return
-        _compat.load_loader_states(fit_loop, self.combined_loader)
+        stateful = [loader for loader in self.loaders if S.loader_kind(loader) == S.KIND_STATEFUL]
+        if self.combined_loader is None or not stateful:
+            return False
+        if _compat.pending_loader_states(fit_loop):
+            _compat.load_loader_states(fit_loop, self.combined_loader)
+        elif not self.saver.loaded_loader_states:
+            return False  # the checkpoint holds no states for them
+        elif epoch == 0:
+            return True
         with _rng.isolated_global():  # a DataLoader iterator draws its base seed; this one is no pass of the run's
-            for loader in self.loaders:
-                if S.loader_kind(loader) == S.KIND_STATEFUL:
-                    iter(loader)
+            for loader in stateful:
+                iter(loader)
+                for restored in (loader, getattr(loader, "dataset", None)):
+                    _compat.forget_restored_position(restored)
+        return False
 
     def _rewound_loaders(self, epoch: int) -> list[int]:
         """Loaders whose first iterator here is a new one where the uninterrupted run reused its persistent workers.
@@ -566,12 +588,16 @@ class _Session:
             if state is not None:
                 loader.dataset.load_state_dict(state)
 
-    def _restore_dataset_states(self, rank_state: Mapping[str, Any] | None, at_epoch_end: bool) -> None:
+    def _restore_dataset_states(
+        self, rank_state: Mapping[str, Any] | None, at_epoch_end: bool, from_start: bool
+    ) -> None:
         states = list(rank_state.get(S.KEY_DATASET_STATES, [])) if rank_state is not None else []
         states += [None] * (len(self.loaders) - len(states))
         for index, (loader, state) in enumerate(zip(self.loaders, states)):
             if state is not None:
                 loader.dataset.load_state_dict(state)
+                if from_start:  # (the state before a pass's first fetch: Hugging Face's still the previous pass's)
+                    _compat.forget_restored_position(loader.dataset)
             elif S.loader_kind(loader) == S.KIND_ITERABLE:
                 self._warn_iterable(index, loader)
                 continue
@@ -597,24 +623,6 @@ class _Session:
             " the interrupted epoch restarts its iteration from the beginning. To resume it exactly, give"
             f" {name} `state_dict()`/`load_state_dict()` methods that save and restore its position (read in the"
             " main process, so with num_workers=0), or use torchdata's StatefulDataLoader.",
-            self.trainer,
-            self.warned,
-        )
-
-    def _warn_stateful_rerun(self) -> None:
-        stateful = [
-            f"{index} ({type(loader).__name__})"
-            for index, loader in enumerate(self.loaders)
-            if S.loader_kind(loader) == S.KIND_STATEFUL
-        ]
-        if not stateful:
-            return
-        which = f"dataloader {stateful[0]}" if len(stateful) == 1 else f"dataloaders {', '.join(stateful)}"
-        _compat.warn(
-            f"The checkpoint was written inside a batch, which Lightning runs again, but train {which} keeps its own"
-            " position, saved after that batch had been fetched: the batch it runs again is the next one, so one"
-            " batch of this epoch is skipped. Write checkpoints in on_train_batch_end or on_train_epoch_end (as"
-            " ModelCheckpoint does), which resume exactly.",
             self.trainer,
             self.warned,
         )

@@ -249,3 +249,20 @@ def test_a_lazily_started_loader_whose_dataset_draws_in_the_main_process_warns(s
     resumed = run(config, tmp_path / "again", ckpt_path=checkpoint_path(tmp_path / "interrupted", MID), seed=2)
     assert resumed.seen == full.seen[-len(resumed.seen) :]
     assert not torch.equal(resumed.rng["torch"], full.rng["torch"])
+
+
+def test_a_pass_start_of_a_hugging_face_iterable_in_a_stateful_loader_warns_when_written(tmp_path):
+    """Before its first batch the dataset reports its previous pass: Lightning's own loader state is kept, and the
+    batch Lightning fetched ahead is skipped on resume, as in stock Lightning."""
+    config = StatefulLoaderConfig(hugging_face=True)
+    crash = CrashPoint("train_epoch_start", epoch=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert run(config, tmp_path / "interrupted", crash=crash).crashed
+    assert any(
+        "A checkpoint was written before the first batch of train dataloader 0 (StatefulDataLoader)" in str(w.message)
+        for w in caught
+    )
+    full = run(config, tmp_path / "full")
+    resumed = run(config, tmp_path / "resumed", ckpt_path=checkpoint_path(tmp_path / "interrupted", crash), seed=2)
+    assert resumed.seen[0][2] == full.seen[1][2]

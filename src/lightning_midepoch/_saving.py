@@ -8,7 +8,6 @@ then, not what the process did afterwards. :func:`gather` brings every rank's pa
 
 from __future__ import annotations
 
-import copy
 import pickle
 from collections import deque
 from dataclasses import dataclass
@@ -100,7 +99,7 @@ class Saver:
         loaded, self.loaded_loader_states = self.loaded_loader_states, []
         for position, (index, history) in enumerate(self.loader_history.items()):
             state = loaded[position] if position < len(loaded) else self.session.loaders[index].state_dict()
-            history.append((fetched, copy.deepcopy(state)))
+            history.append((fetched, _dicts_copied(state)))
 
     def iterator_started(self) -> None:
         """Called when the epoch's train iterator is (re)created: the fetcher counts its batches from zero again.
@@ -193,9 +192,24 @@ class Saver:
             return None
         states = []
         for index, history in self.loader_history.items():
-            dataset = getattr(self.session.loaders[index], "dataset", None)
-            states.append(self._pending_state(history, lambda: None, stale_first=_compat.lags_a_pass(dataset)))
+            loader = self.session.loaders[index]
+            state = self._pending_state(history, lambda: None)
+            if state is not None and state is _pending_first(history) and _compat.lags_a_pass(loader.dataset):
+                # before a pass's first fetch, a Hugging Face IterableDataset still reports its previous pass
+                self._warn_pass_start(index, loader)
+                state = None
+            states.append(state)
         return states if any(state is not None for state in states) else None
+
+    def _warn_pass_start(self, index: int, loader: Any) -> None:
+        _compat.warn(
+            f"A checkpoint was written before the first batch of train dataloader {index} ({type(loader).__name__})"
+            f" was finished, while its {type(loader.dataset).__name__} still reported its previous pass as its state:"
+            " the checkpoint holds the loader's state after the batches Lightning had fetched, which a resumed run"
+            " skips (as stock Lightning does). Checkpoints written later in the epoch resume exactly.",
+            self.session.trainer,
+            self.session.warned,
+        )
 
     def _dataset_state(self, index: int) -> Any:
         """An iterable dataset's own position at the first batch a resumed run fetches (before its fetch)."""
@@ -204,11 +218,8 @@ class Saver:
             return None
         return self._pending_state(history, self.session.loaders[index].dataset.state_dict)
 
-    def _pending_state(self, history: deque[tuple[int, Any]], current: Any, stale_first: bool = False) -> Any:
-        """From a history of states before fetches: the state before the first fetch a resumed run makes again.
-
-        ``stale_first``: the state read before a pass's first fetch is the previous pass's; ``current()`` instead.
-        """
+    def _pending_state(self, history: deque[tuple[int, Any]], current: Any) -> Any:
+        """From a history of states before fetches: the state before the first fetch a resumed run makes again."""
         fetcher = self.session.fetcher
         pending = len(getattr(fetcher, "batches", ()))  # fetched ahead, not consumed yet
         batch = self.session.trainer.fit_loop.epoch_loop.batch_progress.current
@@ -221,8 +232,7 @@ class Saver:
             for (count, state), later in zip(history, [*counts[1:], getattr(fetcher, "fetched", 0)])
             if later > count
         ]
-        first = len(fetches) == pending and history and history[0][0] == 0  # the pass's first fetch
-        if pending and len(fetches) >= pending and not (stale_first and first):
+        if pending and len(fetches) >= pending:
             return fetches[-pending]
         return current()
 
@@ -297,6 +307,32 @@ def _nonzero_bits(tensor: torch.Tensor) -> bool:
 
     """
     return bool(tensor.detach().reshape(-1).view(torch.uint8).any())
+
+
+def _pending_first(history: deque[tuple[int, Any]]) -> Any:
+    """The state recorded before a pass's first fetch, if the history still holds it."""
+    return history[0][1] if history and history[0][0] == 0 else None
+
+
+def _dicts_copied(state: Any) -> Any:
+    """A copy of the nested dicts of a loader's state, sharing everything else (lists, tensors, strings, numbers).
+
+    A loader may update the dict it handed out (litdata's ``StreamingDataLoader`` returns its dataset's own state dict
+    and updates it at the next call); lists in a state are replaced, not changed, by the libraries read (torchdata
+    0.11.0, litdata 0.2.76), and a litdata state lists every chunk of its dataset: copying them at every fetch would
+    cost time proportional to the dataset's size.
+
+    Example:
+        >>> state = {"dataset": {"num_samples_yielded": 4, "chunks": [0, 1]}}
+        >>> copied = _dicts_copied(state)
+        >>> state["dataset"]["num_samples_yielded"] = 6
+        >>> copied, copied["dataset"]["chunks"] is state["dataset"]["chunks"]
+        ({'dataset': {'num_samples_yielded': 4, 'chunks': [0, 1]}}, True)
+
+    """
+    if isinstance(state, dict):
+        return {key: _dicts_copied(value) for key, value in state.items()}
+    return state
 
 
 def _saves_dataset_state(loader: Any) -> bool:

@@ -544,6 +544,21 @@ class Comparison:
 _UNINTERRUPTED: dict[tuple[Config, bool, str], RunResult] = {}
 
 
+def interrupted_checkpoint(config: Config, tmp_path: Path, crash: CrashPoint) -> Path:
+    """Run ``config`` until ``crash`` (in ``tmp_path / "interrupted"``) and return the checkpoint written there."""
+    assert run(config, tmp_path / "interrupted", crash=crash).crashed
+    return checkpoint_path(tmp_path / "interrupted", crash)
+
+
+def resume_warnings(config: Config, ckpt: Path, tmp_path: Path, on_mismatch: str = "raise") -> list[str]:
+    """The warnings of a run of ``config`` resumed from ``ckpt`` (in ``tmp_path / "resumed"``)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        callback = MidEpochResume(on_mismatch=on_mismatch)  # type: ignore[arg-type]
+        run(config, tmp_path / "resumed", callback=False, extra_callbacks=[callback], ckpt_path=ckpt, seed=2)
+    return [str(warning.message) for warning in caught]
+
+
 def uninterrupted(config: Config, tmp_path: Path, *, callback: bool = True) -> RunResult:
     """The uninterrupted run of ``config`` (deterministic, so run once per test session and shared)."""
     key = (config, callback, NAMESPACE)

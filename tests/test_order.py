@@ -149,3 +149,52 @@ def test_the_pass_after_a_resumed_pass_is_numbered_next():
     assert recorder.record.index == 2
     list(loader)
     assert recorder.record.index == 3
+
+
+@pytest.mark.parametrize(
+    ("consumed", "skip", "counted_twice"), [(6, 5, True), (6, 6, False), (7, 6, False), (3, 2, False), (9, 9, False)]
+)
+def test_the_loaders_generators_are_set_where_the_loader_had_taken_the_pass(consumed, skip, counted_twice):
+    """Workers fetch ahead: at a checkpoint, RandomSampler may already have drawn again past its end.
+
+    The resumed pass (which skips ``skip`` batches, one fewer when the checkpoint was written inside a batch) is
+    built with less fetched ahead; the saved generator states must land where the loader had taken the original
+    pass, or the draw past the end counts twice and the next epoch's order differs.
+    """
+
+    def make():
+        generator = torch.Generator().manual_seed(11)
+        sampler = RandomSampler(range(9), generator=generator)
+        loader = DataLoader(list(range(9)), batch_size=1, sampler=sampler, num_workers=2)
+        recorder = _IndexSamplerRecorder(loader.batch_sampler, _rng.find_rng_objects({"loader": loader}), lambda: 0)
+        object.__setattr__(loader, "batch_sampler", recorder)
+        return loader, recorder, generator
+
+    loader, recorder, generator = make()
+    iterator = iter(loader)
+    for _ in range(consumed):
+        next(iterator)
+    record = _PassRecord.from_state_dict(recorder.record.state_dict())  # what the checkpoint holds
+    saved = _rng.capture_objects(recorder.rng_objects)
+    list(iterator)
+    end = generator.get_state()
+
+    def resume(generators):
+        loader, recorder, generator = make()
+        replay = _Replay(_PassRecord.from_state_dict(record.state_dict()), skip=skip, index=0, generators=generators)
+        recorder.arm(replay)
+        with _rng.isolated_global():
+            iterator = iter(loader)
+        recorder.disarm()
+        if not replay.restored:  # the session's fallback: set them once the iterator is built
+            _rng.restore_objects(recorder.rng_objects, saved)
+        rest = [int(batch) for batch in iterator]
+        return rest, generator.get_state()
+
+    rest, state = resume(saved)
+    assert len(rest) == 9 - skip
+    assert torch.equal(state, end)
+    # the control: set once the iterator is built (as a record without the position is), the draw past the end
+    # happens twice where the original had drawn it before the checkpoint and the resumed one draws it after
+    _, fallback = resume(None)
+    assert torch.equal(fallback, end) is not counted_twice

@@ -72,7 +72,10 @@ def test_saved_structure(tmp_path):
     assert set(rank) == {"rng", "passes", "generators", "dataset_states", "grads"}
     assert set(rank["rng"]) == {"torch", "numpy", "python"}
     (record,) = rank["passes"]
-    assert set(record) == {"epoch", "index", "at_iter", "at_first_next"}
+    assert set(record) == {"epoch", "index", "at_iter", "at_first_next", "pulled", "exhausted"}
+    # how far the loader had taken the pass (optional: records written before they were counted lack them): with no
+    # workers fetching ahead (and Lightning not prefetching from a sized loader), exactly the batches fetched
+    assert (record["pulled"], record["exhausted"]) == (state["fetched"], False)
     assert (record["epoch"], record["index"]) == (1, 0)
     assert set(record["at_iter"]) == set(record["at_first_next"]) == {"global", "objects"}
     # only what changed between iter() and the first next() is stored twice: here the worker base seed draw

@@ -60,7 +60,7 @@ class _ResumableFitLoop(_FitLoopBase):
     @override
     def load_state_dict(self, state_dict: dict[str, Any], prefix: str = "") -> None:
         super().load_state_dict(state_dict, prefix)
-        self._midepoch.loops_restored()
+        self._midepoch.restorer.loops_restored()
 
     @property
     @override
@@ -116,7 +116,7 @@ class _ResumableFitLoop(_FitLoopBase):
     @override
     def on_advance_start(self) -> None:
         # before on_train_epoch_start: a new epoch's hooks and order draw from the states the checkpoint recorded
-        self._midepoch.restore_live_state()
+        self._midepoch.restorer.restore_live_state()
         # an epoch that reloads the train loaders starts their iterator here, which draws from the random states:
         # the epoch's start is after that (as in an epoch that does not reload), or a resume from its
         # on_train_epoch_start checkpoint would miss that draw. The stock method's setup_data has nothing left to do.
@@ -164,7 +164,7 @@ class _ResumableTrainingEpochLoop(_EpochLoopBase):
         # the first epoch after a resume: its iterator is started here, where the epoch continues; then the stock
         # method does the rest. Where it would create the epoch's iterator again (before 2.5.3, which has no
         # `is_resuming`, when the epoch loop is not restarting), that iter() keeps the one just started.
-        session.start_resumed_epoch(self, data_fetcher)
+        session.planner.start_resumed_epoch(self, data_fetcher)
         session.iterator_started = True
         try:
             super().on_run_start(data_fetcher)

@@ -32,6 +32,10 @@ class _PassRecord:
     index: int  # how many times the loader was restarted inside this epoch before this pass (a cycling loader)
     at_iter: dict[str, Any]
     at_first_next: dict[str, Any] | None = None
+    # how far the loader has taken this pass: items yielded, and whether it asked past the end (a sampler may draw
+    # there, as RandomSampler does); None in a record saved by a version that did not count
+    pulled: int | None = 0
+    exhausted: bool | None = False
 
     def capture_first_next(self, rng_objects: dict[str, Any]) -> None:
         """Record the states at the pass's first next(), storing only what changed since iter()."""
@@ -49,11 +53,20 @@ class _PassRecord:
             "index": self.index,
             "at_iter": self.at_iter,
             "at_first_next": self.at_first_next,
+            "pulled": self.pulled,
+            "exhausted": self.exhausted,
         }
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> _PassRecord:
-        return cls(state["epoch"], state["index"], state["at_iter"], state.get("at_first_next"))
+        return cls(
+            state["epoch"],
+            state["index"],
+            state["at_iter"],
+            state.get("at_first_next"),
+            state.get("pulled"),
+            state.get("exhausted"),
+        )
 
 
 @dataclass
@@ -66,6 +79,10 @@ class _Replay:
     live: bool = False  # draw from the live states (a new epoch), only keeping them still across iter() calls
     at_iter: dict[str, Any] | None = None  # with no record: the states at the first iter() call
     batches: list[Any] | None = None  # the pass's items, given (an epoch finished on another number of devices)
+    # the states of the loader's own generators at the checkpoint, set when the replayed pass reaches the position
+    # the loader had taken it to then (see _IndexSamplerRecorder._resume); `restored` says the pass took them
+    generators: dict[str, Any] | None = None
+    restored: bool = False
 
 
 def _capture(rng_objects: dict[str, Any]) -> dict[str, Any]:
@@ -170,7 +187,10 @@ class _IndexSamplerRecorder:
             self.record = record
             return self._observe(iter(self._midepoch_inner), record)
         if replay.batches is not None:
-            self.record = _PassRecord(self._midepoch_epoch_fn(), replay.index, _capture(self._midepoch_rng_objects))
+            # (its position is not counted: the loader's generators are restored once the iterator is built)
+            self.record = _PassRecord(
+                self._midepoch_epoch_fn(), replay.index, _capture(self._midepoch_rng_objects), None, None, None
+            )
             return iter(list(replay.batches))
         # Armed after a resume. A DataLoader iterator with workers calls iter() twice (the first result is dropped)
         # and draws its worker base seed in between: every call starts from the same states, so the pass that is
@@ -190,25 +210,72 @@ class _IndexSamplerRecorder:
         if replay.live or (record.at_first_next is None and replay.record is not None):
             # a new epoch, or a recorded pass that had not drawn yet when the checkpoint was written: draw now
             return self._observe(iterator, record)
-        return self._resume(iterator, record)
+        target = None
+        if replay.generators is not None and record.pulled is not None and record.exhausted is not None:
+            target = (record.pulled, record.exhausted, replay.generators)
+            replay.restored = True
+        return self._resume(iterator, record, replay.skip, target)
 
     def _observe(self, iterator: Iterator[Any], record: _PassRecord) -> Iterator[Any]:
         # a generator: this body runs at the first next(), when generator-based samplers draw
         record.capture_first_next(self._midepoch_rng_objects)
         record.index, self.passes = self.passes, self.passes + 1
-        yield from iterator
+        record.pulled, record.exhausted = 0, False
+        for item in iterator:
+            record.pulled += 1
+            yield item
+        record.exhausted = True
 
-    def _resume(self, iterator: Iterator[Any], record: _PassRecord) -> Iterator[Any]:
+    def _resume(
+        self, iterator: Iterator[Any], record: _PassRecord, skip: int, target: tuple[int, bool, dict[str, Any]] | None
+    ) -> Iterator[Any]:
         # a generator: this body runs at the first next(). The order was drawn long before the checkpoint: draw it
         # again (and consume the skipped items) in isolation, so that resuming never draws from the live states.
+        #
+        # The loader's own generators are set to their checkpoint states when this pass reaches the position the
+        # loader had taken the original pass to at the checkpoint (`target`): workers and Lightning fetch ahead, and
+        # a sampler can draw while it is taken further (RandomSampler draws again when asked past its end), so
+        # setting them at any other position would count such a draw twice, or not at all.
         record.index, self.passes = self.passes, self.passes + 1
+        pulled, exhausted, states = target if target is not None else (-1, False, {})
         with _rng.isolated_global():
             if record.at_first_next is None:
                 record.capture_first_next(self._midepoch_rng_objects)
             else:
                 _apply(self._midepoch_rng_objects, record.first_next_states())
             first = next(iterator, _SENTINEL)
+        record.pulled, record.exhausted = skip, False
+        if 0 <= pulled <= skip and not exhausted:
+            # the loader had taken no more than the skipped items (never after a batch was fetched): as soon as can be
+            _rng.restore_objects(self._midepoch_rng_objects, states)
         if first is _SENTINEL:
+            record.exhausted = True
+            if exhausted:
+                _rng.restore_objects(self._midepoch_rng_objects, states)
             return
+        record.pulled += 1
         yield first
-        yield from iterator
+        yield from _positions(iterator, record, pulled, exhausted, states, self._midepoch_rng_objects)
+
+
+def _positions(
+    iterator: Iterator[Any],
+    record: _PassRecord,
+    pulled: int,
+    exhausted: bool,
+    states: dict[str, Any],
+    rng_objects: dict[str, Any],
+) -> Iterator[Any]:
+    """The rest of a resumed pass, counting its position and setting ``states`` once it reaches the target."""
+    while True:
+        if record.pulled == pulled and not exhausted:
+            _rng.restore_objects(rng_objects, states)
+        item = next(iterator, _SENTINEL)
+        if item is _SENTINEL:
+            break
+        assert record.pulled is not None
+        record.pulled += 1
+        yield item
+    record.exhausted = True
+    if exhausted:
+        _rng.restore_objects(rng_objects, states)

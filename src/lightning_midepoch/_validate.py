@@ -171,6 +171,14 @@ class Str(Spec):
             raise self.fail(value, path)
 
 
+class Scalar(Spec):
+    expected = "a bool, int, float, str or None"
+
+    def check(self, value: Any, path: str) -> None:
+        if value is not None and not isinstance(value, (bool, int, float, str)):
+            raise self.fail(value, path)
+
+
 class OneOf(Spec):
     """One of a few exact values (of the same type: ``True`` is not ``1``)."""
 
@@ -386,7 +394,11 @@ _OBJECTS = DictOf(_OBJECT, what="generator states by path")
 #: A pass record (``_order._PassRecord.state_dict``).
 _PASS = Record(
     "a pass record",
-    optional={"at_first_next": Optional(Record(closed=True, fields={"global": _GLOBAL_CHANGED, "objects": _OBJECTS}))},
+    optional={
+        "at_first_next": Optional(Record(closed=True, fields={"global": _GLOBAL_CHANGED, "objects": _OBJECTS})),
+        "pulled": Optional(Int(0)),
+        "exhausted": Optional(Bool()),
+    },
     epoch=Int(0),
     index=Int(0),
     at_iter=Record(closed=True, fields={"global": _GLOBAL, "objects": _OBJECTS}),
@@ -398,7 +410,7 @@ _GLOBAL_ORDER = Tagged(
     {
         "distributed": Record(seed=Int(-(2**63), 2**64 - 1), shuffle=Bool(), drop_last=Bool(), batch_drop_last=Bool()),
         "sequential": Record(batch_drop_last=Bool()),
-        "random": Record(own_generator=Bool(), batch_drop_last=Bool()),
+        "random": Record(optional={"generator": Optional(Str())}, own_generator=Bool(), batch_drop_last=Bool()),
     },
     what="an order spec",
 )
@@ -406,6 +418,7 @@ _GLOBAL_ORDER = Tagged(
 #: A train loader's facts (``_state.loader_facts``); facts added later are not checked here.
 _LOADER = Record(
     "a train dataloader's facts",
+    optional={"settings": DictOf(Scalar(), what="order settings by 'Class.setting'")},
     kind=OneOf(S.KIND_MAP, S.KIND_ITERABLE, S.KIND_STATEFUL),
     dataset_length=Optional(Int(0)),
     num_batches=Optional(Int(0)),
@@ -428,7 +441,7 @@ _RANK = Optional(
     )
 )
 
-#: How one world size lays an epoch out (``_session._elastic_layout``).
+#: How one world size lays an epoch out (``_planning.elastic_layout``).
 _LAYOUT = Record(world_size=Int(1), drop_last=Bool(), batch_size=Int(1), batch_drop_last=Bool())
 #: An epoch being finished on another world size (``_session._start_elastic_epoch``).
 _ELASTIC = Record(

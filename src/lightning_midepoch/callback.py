@@ -103,7 +103,7 @@ class MidEpochResume(_CallbackBase):
         # a checkpoint from the very end of training resumes into no epoch at all: the process still continues
         # from the random states it recorded
         if self._session is not None:
-            self._session.restore_live_state()
+            self._session.restorer.restore_live_state()
 
     @override
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -144,4 +144,4 @@ class MidEpochResume(_CallbackBase):
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         if self._session is None:
             return
-        self._session.load_state_dict(state_dict)
+        self._session.restorer.load_state_dict(state_dict)

@@ -1,9 +1,7 @@
-"""What a resume says before it trains when it cannot be exact: changed settings, lost generators and buffers."""
+"""What a resume restores, and what it says before it trains when it cannot: lost generators, devices and buffers."""
 
 from __future__ import annotations
 
-import re
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,15 +10,13 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from harness import Config, CrashPoint, Model, checkpoint_path, run
-from lightning_midepoch import MidEpochResume, MidEpochResumeError
+from harness import Config, CrashPoint, Model, interrupted_checkpoint, resume_warnings, run
 
 MID = CrashPoint("train_batch_end", epoch=1, batch=3)
 
 
-def _interrupted(config: Config, tmp_path: Path) -> Path:
-    assert run(config, tmp_path / "interrupted", crash=MID).crashed
-    return checkpoint_path(tmp_path / "interrupted", MID)
+def _interrupted_at_mid(config: Config, tmp_path: Path) -> Path:
+    return interrupted_checkpoint(config, tmp_path, MID)
 
 
 def _edited(ckpt: Path, edit: Any) -> Path:
@@ -32,62 +28,27 @@ def _edited(ckpt: Path, edit: Any) -> Path:
     return path
 
 
-def _resume_warnings(config: Config, ckpt: Path, tmp_path: Path, on_mismatch: str = "raise") -> list[str]:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        callback = MidEpochResume(on_mismatch=on_mismatch)  # type: ignore[arg-type]
-        run(config, tmp_path / "resumed", callback=False, extra_callbacks=[callback], ckpt_path=ckpt, seed=2)
-    return [str(warning.message) for warning in caught]
-
-
-CHANGED_SETTINGS = [
-    (
-        Config(combined="max_size_cycle"),
-        Config(combined="max_size"),
-        "combined in mode 'max_size_cycle' but the current run combines them in mode 'max_size'",
-    ),
-    (
-        Config(loader="shuffle"),
-        Config(loader="replacement"),
-        r"RandomSampler\(replacement=False\) but the current one has RandomSampler\(replacement=True\)",
-    ),
-]
-
-
-@pytest.mark.parametrize(("saved", "current", "message"), CHANGED_SETTINGS, ids=["mode", "replacement"])
-def test_a_changed_order_setting_is_a_clear_error(saved, current, message, tmp_path):
-    ckpt = _interrupted(saved, tmp_path)
-    with pytest.raises(MidEpochResumeError, match=message):
-        run(current, tmp_path / "resumed", ckpt_path=ckpt, seed=2)
-
-
-@pytest.mark.parametrize(("saved", "current", "message"), CHANGED_SETTINGS, ids=["mode", "replacement"])
-def test_a_changed_order_setting_warns_with_the_opt_out(saved, current, message, tmp_path):
-    messages = _resume_warnings(current, _interrupted(saved, tmp_path), tmp_path, on_mismatch="restart_epoch")
-    assert any(m for m in messages if "on_mismatch='restart_epoch'" in m and re.search(message, m))
-
-
 def test_a_recorded_generator_that_is_gone_warns(tmp_path):
     config = Config(loader="sampler_generator")
-    ckpt = _interrupted(config, tmp_path)
+    ckpt = _interrupted_at_mid(config, tmp_path)
 
     def add_a_generator(state: dict) -> None:
         (objects,) = state["ranks"][0]["generators"]
         objects["loader.sampler.rng"] = objects["loader.sampler.generator"]  # the run that saved had one more
 
-    messages = _resume_warnings(config, _edited(ckpt, add_a_generator), tmp_path)
+    messages = resume_warnings(config, _edited(ckpt, add_a_generator), tmp_path)
     assert any("loader.sampler.rng of train dataloader 0" in m and "not restored" in m for m in messages)
 
 
 def test_cuda_states_for_other_devices_warn(tmp_path):
     config = Config()
-    ckpt = _interrupted(config, tmp_path)
+    ckpt = _interrupted_at_mid(config, tmp_path)
 
     def add_cuda_states(state: dict) -> None:
         state["ranks"][0]["rng"]["cuda"] = [torch.zeros(16, dtype=torch.uint8)] * 2
 
     devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    messages = _resume_warnings(config, _edited(ckpt, add_cuda_states), tmp_path)
+    messages = resume_warnings(config, _edited(ckpt, add_cuda_states), tmp_path)
     assert any(f"CUDA random states of 2 device(s) but this process sees {devices}" in m for m in messages)
 
 
@@ -95,9 +56,9 @@ def test_a_chain_deeper_than_the_search_warns(tmp_path, monkeypatch):
     from lightning_midepoch import _rng
 
     config = Config(loader="sampler_generator")
-    ckpt = _interrupted(config, tmp_path)
+    ckpt = _interrupted_at_mid(config, tmp_path)
     monkeypatch.setattr(_rng, "_DEPTH", 0)  # the search stops at the loader: its sampler chain goes on
-    messages = _resume_warnings(config, ckpt, tmp_path)
+    messages = resume_warnings(config, ckpt, tmp_path)
     assert any("goes deeper than the search for random generators (loader.sampler" in m for m in messages)
 
 
@@ -127,8 +88,8 @@ class HuggingFaceConfig(Config):
 def test_a_hugging_face_shuffle_buffer_warns_before_training(tmp_path):
     config = HuggingFaceConfig(buffer_size=4)
     full = run(config, tmp_path / "full")
-    ckpt = _interrupted(config, tmp_path)
-    messages = _resume_warnings(config, ckpt, tmp_path)
+    ckpt = _interrupted_at_mid(config, tmp_path)
+    messages = resume_warnings(config, ckpt, tmp_path)
     assert any(
         "Train dataloader 0 iterates over an IterableDataset that draws from a shuffle buffer of 4" in m
         for m in messages
@@ -140,4 +101,4 @@ def test_a_hugging_face_shuffle_buffer_warns_before_training(tmp_path):
 
 def test_no_buffer_warning_without_a_buffer(tmp_path):
     config = HuggingFaceConfig()
-    assert not [m for m in _resume_warnings(config, _interrupted(config, tmp_path), tmp_path) if "buffer" in m]
+    assert not [m for m in resume_warnings(config, _interrupted_at_mid(config, tmp_path), tmp_path) if "buffer" in m]

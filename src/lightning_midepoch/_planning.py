@@ -1,0 +1,331 @@
+"""Where a resumed run continues: the plan for the first train iterator after a resume, and its start.
+
+The interrupted epoch continues exactly (each loader's recorded pass replayed past its consumed items), elastically
+on another number of devices, or from a fresh order (``on_mismatch="restart_epoch"``); a checkpoint written at an
+epoch's end starts the next epoch. :class:`ResumePlanner` is one part of a trainer's
+:class:`~lightning_midepoch._session._Session`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from lightning_midepoch import _compat, _elastic, _rng
+from lightning_midepoch import _state as S
+from lightning_midepoch._order import _PassRecord, _Replay
+
+if TYPE_CHECKING:
+    from lightning.pytorch.loops.fetchers import _DataFetcher
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+
+    from lightning_midepoch._restoring import Restorer
+    from lightning_midepoch._session import _Session
+
+
+class ResumePlanner:
+    """Starts the first train iterator after a resume, where the checkpoint says the epoch continues."""
+
+    def __init__(self, session: _Session, restorer: Restorer) -> None:
+        self.session = session
+        self.restorer = restorer
+        self.trainer = session.trainer
+        self.warned = session.warned
+
+    @property
+    def loaded(self) -> Mapping[str, Any] | None:
+        return self.restorer.loaded
+
+    def start_resumed_epoch(self, epoch_loop: _TrainingEpochLoop, fetcher: _DataFetcher) -> None:
+        """Start the first train iterator after a resume: where the interrupted epoch continues, or a new epoch."""
+        self.session.iterator_held = False
+        trainer = self.trainer
+        fit_loop = trainer.fit_loop
+        consumed = epoch_loop.batch_progress.current.ready
+        epoch = trainer.current_epoch
+        rank_state = self.restorer.rank_state()
+        records: list[Any] = list(rank_state[S.KEY_PASSES]) if rank_state is not None else []
+        records += [None] * (len(self.session.loaders) - len(records))
+        new_epoch = not (fit_loop.restarted_mid_epoch or fit_loop.restarted_on_epoch_end)
+        # a pass recorded in this epoch before its first batch is the epoch's own in epoch 0 only (started by the
+        # fit loop's setup_data); later, an epoch that reloads the loaders starts a pass there too, but the stock
+        # epoch loop starts another one after on_train_epoch_start, and that one draws the epoch's order
+        recorded_here = epoch == 0 and any(record is not None and record["epoch"] == epoch for record in records)
+        starts_epoch = new_epoch and consumed == 0 and not recorded_here
+        if self.loaded is None and not self.restorer.discarded and not (self.restorer.entry_found and starts_epoch):
+            # (an entry that recorded nothing comes from a trainer that had not trained: nothing was lost)
+            self._warn_stock_checkpoint()
+        if starts_epoch:
+            continued = self._leave_finished_passes(epoch)
+            self.session.saver.loaded_loader_states = []  # the epoch's first fetch is from a new iterator
+            # a new epoch: its order is drawn now from the live states, exactly as in the uninterrupted run; except
+            # that epoch 0's iterator was started before on_train_epoch_start, and its stateful loaders continue it
+            replays = {i: _Replay(None, 0, 0, live=True) for i in self._rewound_loaders(epoch)}
+            if continued:
+                with _rng.isolated_global():
+                    self._build(fetcher, replays)
+                self.session.one_pass_positions = self.session.restored_positions()
+            else:
+                self._build(fetcher, replays)
+            return
+        if _compat.has_callback(trainer, "StochasticWeightAveraging"):
+            self._warn_swa()
+        pulled = self.loaded is not None and _compat.steps_pull_batches(fetcher)
+        if pulled and self.loaded is not None:
+            # training_step(dataloader_iter): a step pulls as many batches as it likes; the fetcher counted them
+            consumed = self.loaded[S.KEY_FETCHED]
+            if self.restorer.restored_in_batch:
+                self._warn_step_rerun()
+        plan = self._check_checkpoint() if self.loaded is not None else "exact"
+        if plan == "restart":
+            iter(fetcher)  # on_mismatch="restart_epoch": continue as stock Lightning does
+            return
+        if plan == "elastic":
+            self._start_elastic_epoch(epoch_loop, fetcher, consumed)
+            return
+        at_epoch_end = self.session.finish_interrupted_batch and epoch_loop.batch_progress.is_last_batch
+        self.restorer.restore_dataset_states(rank_state, at_epoch_end, from_start=consumed == 0)
+        mode = _compat.combined_mode(self.session.combined_loader)  # type: ignore[arg-type]
+        replays = {}
+        for index, recorder in enumerate(self.session.recorders):
+            if recorder is None:
+                continue
+            record = records[index]
+            recorded_pass = record["index"] if record is not None and record["epoch"] == epoch else None
+            pass_index, skip = S.loader_position(mode, consumed, len(recorder), recorded_pass)
+            replay_record = None
+            if record is not None and record["epoch"] == epoch and record["index"] == pass_index:
+                replay_record = _PassRecord.from_state_dict(record)
+            elif not S.describe_order(recorder.inner)[1]:
+                self._warn_unrecoverable(index)
+            saved = rank_state.get(S.KEY_GENERATORS, []) if rank_state is not None else []
+            generators = saved[index] if index < len(saved) else None
+            replays[index] = _Replay(replay_record, skip, pass_index, generators=generators)
+        with _rng.isolated_global():
+            self._build(fetcher, replays)
+        # replaying moved the loaders' own generators back to where the pass started; a pass that draws (again) at
+        # its first next() sets them itself, but one that is never advanced again must still end where it was. A
+        # replayed pass that knows how far the loader had taken it sets them at that position itself.
+        self.restorer.restore_loader_generators(
+            rank_state, {index for index, replay in replays.items() if replay.restored}
+        )
+        if at_epoch_end:
+            # written at the epoch's last batch: nothing of this epoch is fetched again, but creating its iterator
+            # fetched ahead from the datasets that keep their own position; they start the next epoch where they were
+            self.restorer.reload_dataset_states(rank_state)
+        if not at_epoch_end and not getattr(fetcher, "batches", None):  # (a fetch ahead was isolated with the build)
+            self.session.lazy_starts = self.session.lazily_started()
+        # what was restored holds for this pass only: later passes start afresh, as in the uninterrupted run
+        self.session.one_pass_positions = self.session.restored_positions()
+        _compat.set_batch_index(self.session.combined_loader, consumed)  # type: ignore[arg-type]
+        if pulled:
+            # the epoch loop adds the steps it restored to the fetcher's count; the steps pulled `consumed` batches,
+            # and the fetcher tells the epoch's end from that count (one step too many otherwise)
+            fetcher.fetched += consumed - epoch_loop.batch_progress.current.ready
+
+    def _leave_finished_passes(self, epoch: int) -> bool:
+        """A new epoch after a checkpoint written at an epoch's end or start: stateful loaders continue from there.
+
+        Lightning gives stateful loaders (torchdata's ``StatefulDataLoader``, litdata's ``StreamingDataLoader``) their
+        saved states only when it resumes inside an epoch (also at its start); after one written at an epoch's end a
+        fresh loader would start the next epoch from its first order and epoch counter. Each is given its state, which
+        is at the end of the finished pass, and started once (that iterator is dropped, as is the position it gave
+        its dataset), so that the next iterator is the next epoch's, drawn from the loader's own generators and
+        counters as in the uninterrupted run. Epoch 0's iterator was started before ``on_train_epoch_start``: a state
+        from there is that iterator's, which continues (True is returned: its start draws nothing again).
+        """
+        fit_loop = self.trainer.fit_loop
+        combined_loader = self.session.combined_loader
+        stateful = [loader for loader in self.session.loaders if S.loader_kind(loader) == S.KIND_STATEFUL]
+        if combined_loader is None or not stateful:
+            return False
+        if _compat.pending_loader_states(fit_loop):
+            _compat.load_loader_states(fit_loop, combined_loader)
+        elif not self.session.saver.loaded_loader_states:
+            return False  # the checkpoint holds no states for them
+        elif epoch == 0:
+            return True
+        with _rng.isolated_global():  # a DataLoader iterator draws its base seed; this one is no pass of the run's
+            for loader in stateful:
+                iter(loader)
+                for restored in (loader, getattr(loader, "dataset", None)):
+                    _compat.forget_restored_position(restored)
+        return False
+
+    def _rewound_loaders(self, epoch: int) -> list[int]:
+        """Loaders whose first iterator here is a new one where the uninterrupted run reused its persistent workers.
+
+        A new iterator draws a worker base seed from the process-wide generator; resetting persistent workers does
+        not. Those loaders keep the live states still across that draw.
+        """
+        n = _compat.reload_every_n_epochs(self.trainer)
+        created_at = epoch - epoch % n if n else 0  # when the uninterrupted run last created the loader
+        return [
+            index
+            for index, (loader, recorder) in enumerate(zip(self.session.loaders, self.session.recorders))
+            if recorder is not None
+            and loader.num_workers > 0
+            and loader.persistent_workers
+            and not _compat.workers_started(loader)
+            and epoch > created_at
+        ]
+
+    def _build(self, fetcher: _DataFetcher, replays: Mapping[int, _Replay]) -> None:
+        """Create the train iterator with the given loaders armed to replay."""
+        for index, replay in replays.items():
+            self.session.recorders[index].arm(replay)  # type: ignore[union-attr]
+        try:
+            iter(fetcher)
+        finally:
+            for index in replays:
+                self.session.recorders[index].disarm()  # type: ignore[union-attr]
+
+    def _check_checkpoint(self) -> str:
+        """How the interrupted epoch continues: ``"exact"``, ``"elastic"`` or ``"restart"`` (the opt-out)."""
+        assert self.loaded is not None
+        fix = 'pass `MidEpochResume(on_mismatch="restart_epoch")` to continue the epoch from a fresh order'
+        current = [S.loader_facts(loader) for loader in self.session.loaders]
+        saved_world_size = self.loaded[S.KEY_WORLD_SIZE]
+        elastic = bool(self.loaded.get(S.KEY_ELASTIC)) or saved_world_size != self.trainer.world_size
+        try:
+            S.check_mode(self.loaded.get(S.KEY_MODE), _compat.combined_mode(self.session.combined_loader), fix)  # type: ignore[arg-type]
+            S.check_loaders(self.loaded[S.KEY_LOADERS], current, fix, same_world_size=not elastic)
+            if elastic:
+                S.check_elastic(
+                    self.loaded[S.KEY_LOADERS], saved_world_size, self.trainer.world_size, fix, self._order_recorded()
+                )
+        except S.MidEpochResumeError as error:
+            if self.session.on_mismatch == "raise":
+                raise
+            _compat.warn(
+                f"{error} Continuing the interrupted epoch from a freshly started order (on_mismatch='restart_epoch'):"
+                " some samples of this epoch will be seen twice and others not at all.",
+                self.trainer,
+                self.warned,
+            )
+            return "restart"
+        return "elastic" if elastic else "exact"
+
+    def _order_recorded(self) -> bool:
+        """Whether rank 0 recorded how the interrupted epoch's order was drawn (or a resumed epoch carries it)."""
+        assert self.loaded is not None
+        previous = self.loaded.get(S.KEY_ELASTIC)
+        if previous and previous["epoch"] == self.trainer.current_epoch:
+            return True
+        rank0 = self.restorer.rank_state(0)
+        record = rank0[S.KEY_PASSES][0] if rank0 is not None and rank0[S.KEY_PASSES] else None
+        return (
+            record is not None and record["epoch"] == self.trainer.current_epoch and record["at_first_next"] is not None
+        )
+
+    def _start_elastic_epoch(self, epoch_loop: _TrainingEpochLoop, fetcher: _DataFetcher, consumed: int) -> None:
+        """Finish the interrupted epoch on this world size: every sample it had not consumed, laid out over the ranks.
+
+        The remaining batches are the epoch's last ones: the batch index continues so that the epoch still ends
+        after ``len(train_dataloader)`` batches.
+        """
+        assert self.loaded is not None
+        trainer = self.trainer
+        loader, recorder = self.session.loaders[0], self.session.recorders[0]
+        assert recorder is not None
+        previous = self.loaded.get(S.KEY_ELASTIC)
+        if previous and previous["epoch"] == trainer.current_epoch:
+            # this epoch was already resumed elastically: its last phase consumed (consumed - offset) batches
+            current = previous["current"]
+            phase = {**current, "consumed": (consumed - current["batch_offset"]) * current["batch_size"]}
+            elastic = {**previous, "phases": [*previous["phases"], phase]}
+        else:
+            facts = self.loaded[S.KEY_LOADERS][0]
+            spec = facts["global_order"]
+            batch_size = facts["batch_size"] or 1
+            rank0 = self.restorer.rank_state(0)
+            phase = {
+                "world_size": self.loaded[S.KEY_WORLD_SIZE],
+                "drop_last": spec["kind"] == "distributed" and spec["drop_last"],
+                "batch_size": batch_size,
+                "batch_drop_last": spec["batch_drop_last"],
+                "consumed": consumed * batch_size,
+            }
+            elastic = {
+                "epoch": trainer.current_epoch,
+                "spec": spec,
+                "dataset_length": facts["dataset_length"],
+                "record": rank0[S.KEY_PASSES][0] if rank0 is not None else None,
+                "phases": [phase],
+            }
+        order = _elastic.global_order(elastic["spec"], elastic["dataset_length"], elastic["epoch"], elastic["record"])
+        left = _elastic.remaining(order, elastic["phases"])
+        layout = elastic_layout(loader, trainer.world_size)
+        mine = _elastic.shard(left, trainer.global_rank, trainer.world_size, layout["drop_last"])
+        items: list[Any] = (
+            _elastic.batched(mine, layout["batch_size"], layout["batch_drop_last"])
+            if loader.batch_sampler is not None
+            else mine
+        )
+        offset = max(len(recorder) - len(items), 0)
+        self.session.elastic = {**elastic, "current": {**layout, "batch_offset": offset}}
+        _compat.move_batch_progress(epoch_loop.batch_progress, offset)
+        with _rng.isolated_global():
+            self._build(fetcher, {0: _Replay(None, 0, 0, batches=items)})
+        _compat.set_batch_index(self.session.combined_loader, offset)  # type: ignore[arg-type]
+        _compat.info(
+            f"Finishing epoch {trainer.current_epoch} on {trainer.world_size} device(s): {len(left)} samples were"
+            f" not consumed before the checkpoint; this rank trains {len(items)} batch(es) of them.",
+            trainer,
+        )
+
+    def _warn_swa(self) -> None:
+        _compat.warn(
+            "StochasticWeightAveraging does not resume exactly from a checkpoint written in the middle of an epoch"
+            " (its learning-rate schedule lags one epoch behind the uninterrupted run's; stock Lightning does the"
+            " same): the resumed run will differ. Resume from a checkpoint written at an epoch's end, or use"
+            " WeightAveraging, which resumes exactly.",
+            self.trainer,
+            self.warned,
+        )
+
+    def _warn_step_rerun(self) -> None:
+        _compat.warn(
+            "The checkpoint was written inside a training_step that pulls its own batches (training_step(self,"
+            " dataloader_iter)): Lightning runs that step again, but the batches it had pulled before the checkpoint"
+            " are not pulled again (the step continues with the batches after them) and its random states are those"
+            " after its latest pull, not those it started with: the resumed run will differ. Write checkpoints in"
+            " on_train_batch_end or on_train_epoch_end (as ModelCheckpoint does), which resume exactly.",
+            self.trainer,
+            self.warned,
+        )
+
+    def _warn_stock_checkpoint(self) -> None:
+        _compat.warn(
+            "The checkpoint has no MidEpochResume state (it was written without the callback). Where the data order"
+            " is fixed or determined by a seed and the epoch (SequentialSampler, DistributedSampler) the epoch"
+            " continues exactly; random orders and the random states of dropout and augmentation cannot be"
+            " recovered and are drawn afresh. Checkpoints written with MidEpochResume attached resume exactly.",
+            self.trainer,
+            self.warned,
+        )
+
+    def _warn_unrecoverable(self, index: int) -> None:
+        _compat.warn(
+            f"The order of train dataloader {index} in the interrupted epoch cannot be recovered from the checkpoint"
+            " (it recorded no random state for it). The epoch continues with its remaining number of batches drawn"
+            " from a fresh order: some samples of this epoch will be seen twice and others not at all.",
+            self.trainer,
+            self.warned,
+        )
+
+
+def elastic_layout(loader: Any, world_size: int) -> dict[str, Any]:
+    """How this run lays an epoch out over its ranks: the sampler's padding and the batch sampler's batches."""
+    inner = loader.batch_sampler.inner if loader.batch_sampler is not None else loader.sampler.inner
+    batch_size, batch_drop_last = 1, False
+    if loader.batch_sampler is not None:
+        batch_size, batch_drop_last = loader.batch_sampler.batch_size, bool(loader.batch_sampler.drop_last)
+        inner = inner.sampler
+    drop_last = bool(getattr(inner, "drop_last", False)) if world_size > 1 else False
+    return {
+        "world_size": world_size,
+        "drop_last": drop_last,
+        "batch_size": batch_size,
+        "batch_drop_last": batch_drop_last,
+    }

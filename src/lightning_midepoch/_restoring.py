@@ -1,0 +1,253 @@
+"""What a resume restores: the checkpoint's state, checked when Lightning hands it over.
+
+The random states, the loaders' own generators, iterable datasets' positions and partial gradients it holds are
+restored when the resumed run starts training.
+
+:class:`Restorer` is one part of a trainer's :class:`~lightning_midepoch._session._Session`; where each loader
+continues is :mod:`lightning_midepoch._planning`'s concern.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+from typing import TYPE_CHECKING, Any
+
+from lightning_midepoch import _compat, _rng, _validate
+from lightning_midepoch import _state as S
+
+if TYPE_CHECKING:
+    from lightning_midepoch._session import _Session
+
+
+class Restorer:
+    """The checkpoint's MidEpochResume state for one fit, and the restoring of what it holds."""
+
+    def __init__(self, session: _Session) -> None:
+        self.session = session
+        self.trainer = session.trainer
+        self.warned = session.warned
+        self.loaded: Mapping[str, Any] | None = None  # the checkpoint's state, once Lightning restored the callback
+        self._live_pending = False
+        self.entry_found = False  # the checkpoint resumed has a MidEpochResume entry (possibly an empty one)
+        self.discarded = False  # its entry was damaged and set aside (on_mismatch="restart_epoch"), with a warning
+        self.restored_in_batch = False  # the checkpoint resumed was written inside a batch (Lightning re-runs it)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if self.session.trained:
+            # Lightning's tuners restore the checkpoint they wrote before their trial steps in the middle of a fit:
+            # stock Lightning then keeps the process's random states and the loops start afresh, and so does this
+            return
+        self.entry_found = True
+        try:
+            migrated = _validate.checked(state)
+        except _validate.DamagedStateError as error:
+            self._discard(error)
+            return
+        self.loaded = migrated if S.records_position(migrated) else None
+        self._live_pending = self.loaded is not None
+
+    def _discard(self, error: _validate.DamagedStateError) -> None:
+        """Raise on a damaged state, or (``on_mismatch="restart_epoch"``) resume as if the checkpoint had none."""
+        if self.session.on_mismatch == "raise":
+            raise error
+        _compat.warn(
+            f"The checkpoint's MidEpochResume state is damaged: {error.problem} Resuming without it"
+            " (on_mismatch='restart_epoch'), as from a checkpoint written without the callback: Lightning's own state"
+            " is restored, but the rest of the interrupted epoch is drawn from a fresh order (some of its samples are"
+            " seen twice and others not at all, unless the order is fixed or determined by a seed and the epoch) and"
+            " the random states of dropout and augmentation are drawn afresh.",
+            self.trainer,
+            self.warned,
+        )
+        self.loaded, self._live_pending, self.discarded = None, False, True
+
+    def loops_restored(self) -> None:
+        """Lightning restored the loops: a resume, if from a checkpoint before the fit trained.
+
+        Lightning's tuners also reset the loops (from a copy of their state, before their trial steps) and restore
+        their own checkpoint after them: neither is a resume.
+        """
+        if not self.session.trained and _compat.restoring_checkpoint(self.trainer):
+            self.session.resuming = True
+            # what the stateful loaders are given (if Lightning gives it) is their state before the first fetch
+            self.session.saver.loaded_loader_states = _compat.pending_loader_states(self.trainer.fit_loop)
+            self.reopen_stopped_epoch()
+            fit_loop = self.trainer.fit_loop
+            if fit_loop.restarting and _compat.epoch_trained(fit_loop.epoch_progress):
+                # every batch of the epoch was run (a checkpoint from on_train_epoch_end, or after fit): Lightning
+                # starts the next epoch, except with max_steps set, where its fit loop always counts as restarting
+                # and so runs the ended epoch's end again (the next epoch never starts when that reaches max_epochs)
+                _compat.stop_restarting(fit_loop)
+            batch = fit_loop.epoch_loop.batch_progress.current  # as saved: each stage counted (a _BatchProgress)
+            self.restored_in_batch = batch.processed < batch.ready  # type: ignore[attr-defined]
+            if _compat.epoch_finished(fit_loop.epoch_progress):
+                # written once an epoch had ended (after fit, say): with max_steps set, stock Lightning keeps
+                # "restarting" into that epoch's finished batch progress and trains one stray batch before the next
+                _compat.start_batch_progress_afresh(fit_loop.epoch_loop.batch_progress)
+
+    def reopen_stopped_epoch(self) -> None:
+        """After the loops are restored: a checkpoint written once training stopped early continues that epoch.
+
+        Lightning counts an epoch its training loop left early as finished; a resumed run would start the next one.
+        """
+        loaded = self.loaded
+        if loaded is None or not loaded[S.KEY_STOPPED]:
+            return
+        fit_loop = self.trainer.fit_loop
+        if fit_loop.epoch_loop.batch_progress.current.ready != loaded[S.KEY_FETCHED]:
+            return  # the loops' state does not come from the moment the state recorded
+        _compat.reopen_epoch(fit_loop.epoch_progress, loaded[S.KEY_EPOCH])
+        fit_loop.restarting = True  # Lightning decided "not restarting" from the finished epoch it had restored
+
+    def rank_state(self, rank: int | None = None) -> Mapping[str, Any] | None:
+        if self.loaded is None:
+            return None
+        ranks = self.loaded[S.KEY_RANKS]
+        rank = self.trainer.global_rank if rank is None else rank
+        return ranks[rank] if rank < len(ranks) else None
+
+    @property
+    def elastic_resume(self) -> bool:
+        return self.loaded is not None and self.loaded.get(S.KEY_WORLD_SIZE, 1) != self.trainer.world_size
+
+    def restore_live_state(self) -> None:
+        """Restore the random states and partial gradients saved with the checkpoint (once, on the first epoch)."""
+        if not self._live_pending:
+            return
+        self._live_pending = False
+        if self.loaded is not None and not self.elastic_resume:
+            # the gradients are restored into this model's parameters: a shape they cannot take is damage
+            shapes = {name: tuple(p.shape) for name, p in self.trainer.lightning_module.named_parameters()}
+            try:
+                _validate.check_grads(self.loaded, shapes)
+            except _validate.DamagedStateError as error:
+                self._discard(error)
+                return
+        if self.loaded is not None and not self.elastic_resume:
+            self._warn_ranks_without_states()
+        rank_state = self.rank_state()
+        if rank_state is None:
+            return
+        devices = _rng.restore_global(rank_state[S.KEY_RNG])
+        if devices is not None:
+            _compat.warn(
+                f"The checkpoint holds the CUDA random states of {len(rank_state[S.KEY_RNG]['cuda'])} device(s) but"
+                f" this process sees {devices}: they are not restored, so random draws on the GPU (dropout, say)"
+                " differ from the uninterrupted run's. Resume with the same visible devices to continue them exactly.",
+                self.trainer,
+                self.warned,
+            )
+        self.restore_loader_generators(rank_state)
+        grads = rank_state.get(S.KEY_GRADS)
+        if grads and self.elastic_resume:
+            _compat.warn(
+                "The checkpoint was written inside a gradient accumulation group on another number of devices: the"
+                " gradients accumulated so far are dropped and the group restarts on the new devices.",
+                self.trainer,
+                self.warned,
+            )
+        elif grads:
+            for name, parameter in self.trainer.lightning_module.named_parameters():
+                if name in grads:
+                    parameter.grad = grads[name].to(device=parameter.device, dtype=parameter.dtype)
+
+    def _warn_ranks_without_states(self) -> None:
+        """Say which ranks continue with fresh random states (said by every rank: Lightning shows rank 0's words)."""
+        assert self.loaded is not None
+        ranks = self.loaded[S.KEY_RANKS]
+        missing = [rank for rank in range(self.trainer.world_size) if rank >= len(ranks) or ranks[rank] is None]
+        if not missing or not ranks:
+            return
+        which = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {', '.join(map(str, missing))}"
+        _compat.warn(
+            f"The checkpoint holds no random states for {which} (it was written while handling an exception, when"
+            " the ranks could not exchange them): they continue with fresh random states, so their dropout and"
+            " augmentation draws differ from the uninterrupted run's. The data order is still exact.",
+            self.trainer,
+            self.warned,
+        )
+
+    def restore_loader_generators(self, rank_state: Mapping[str, Any] | None, restored: Set[int] = frozenset()) -> None:
+        """Set the generators owned by the loaders and their samplers to their states at the checkpoint.
+
+        Those of the loaders in ``restored`` are set by their replayed pass (only missing ones are reported).
+        """
+        states = rank_state.get(S.KEY_GENERATORS, []) if rank_state is not None else []
+        for index, (recorder, objects) in enumerate(zip(self.session.recorders, states)):
+            if recorder is not None and objects:
+                if index in restored:
+                    missing = [path for path in objects if path not in recorder.rng_objects]
+                else:
+                    missing = _rng.restore_objects(recorder.rng_objects, objects)
+                if missing:
+                    self._warn_missing_generators(index, missing)
+        for index, paths in self.session.out_of_reach.items():
+            _compat.warn(
+                f"The sampler chain of train dataloader {index} goes deeper than the search for random generators"
+                f" ({', '.join(paths)}): a generator kept there is neither saved nor restored, so the resumed order"
+                " and draws may differ from the uninterrupted run's. Keep the generator closer to the DataLoader, or"
+                " implement `state_dict()`/`load_state_dict()` on a stateful loader.",
+                self.trainer,
+                self.warned,
+            )
+
+    def _warn_missing_generators(self, index: int, paths: list[str]) -> None:
+        _compat.warn(
+            f"The checkpoint recorded the random generator(s) {', '.join(paths)} of train dataloader {index}, which"
+            " the current loader does not have: they are not restored, so this loader's order and random draws"
+            " continue from fresh states and differ from the uninterrupted run's. Resume with the same samplers"
+            " and generators to continue exactly.",
+            self.trainer,
+            self.warned,
+        )
+
+    def reload_dataset_states(self, rank_state: Mapping[str, Any] | None) -> None:
+        states = list(rank_state.get(S.KEY_DATASET_STATES, [])) if rank_state is not None else []
+        for loader, state in zip(self.session.loaders, states):
+            if state is not None:
+                loader.dataset.load_state_dict(state)
+
+    def restore_dataset_states(
+        self, rank_state: Mapping[str, Any] | None, at_epoch_end: bool = False, from_start: bool = False
+    ) -> None:
+        """Give the iterable datasets that save their own position the states saved for them.
+
+        ``at_epoch_end``: written at the epoch's last batch, where a shuffle buffer had been emptied (no warning).
+        ``from_start``: the resumed pass starts at its beginning (the state is from before a pass's first fetch,
+        which Hugging Face's ``IterableDataset`` still reports as its previous pass's: it starts afresh instead).
+        """
+        states = list(rank_state.get(S.KEY_DATASET_STATES, [])) if rank_state is not None else []
+        states += [None] * (len(self.session.loaders) - len(states))
+        for index, (loader, state) in enumerate(zip(self.session.loaders, states)):
+            if state is not None:
+                loader.dataset.load_state_dict(state)
+                if from_start:
+                    _compat.forget_restored_position(loader.dataset)
+            elif S.loader_kind(loader) == S.KIND_ITERABLE:
+                self._warn_iterable(index, loader)
+                continue
+            buffer = _compat.unsaved_buffer(getattr(loader, "dataset", None))
+            if buffer is not None and not at_epoch_end:
+                self._warn_buffer(index, loader, buffer)
+
+    def _warn_buffer(self, index: int, loader: Any, buffer: str) -> None:
+        name = type(loader.dataset).__name__
+        _compat.warn(
+            f"Train dataloader {index} iterates over an {name} that draws from {buffer}, which its `state_dict()`"
+            " does not hold: the resumed epoch refills the buffer, so some of the epoch's samples are lost, others"
+            " seen twice, and the order differs from the uninterrupted run's. To resume exactly, shuffle without a"
+            " buffer (a map-style dataset with a shuffling sampler, e.g. `datasets.Dataset` with `shuffle=True`).",
+            self.trainer,
+            self.warned,
+        )
+
+    def _warn_iterable(self, index: int, loader: Any) -> None:
+        name = type(getattr(loader, "dataset", loader)).__name__
+        _compat.warn(
+            f"Train dataloader {index} iterates over an IterableDataset ({name}), which has no sampler to skip at:"
+            " the interrupted epoch restarts its iteration from the beginning. To resume it exactly, give"
+            f" {name} `state_dict()`/`load_state_dict()` methods that save and restore its position (read in the"
+            " main process, so with num_workers=0), or use torchdata's StatefulDataLoader.",
+            self.trainer,
+            self.warned,
+        )

@@ -194,7 +194,8 @@ class Saver:
         for index, history in self.loader_history.items():
             loader = self.session.loaders[index]
             state = self._pending_state(history, lambda: None)
-            if state is not None and state is _pending_first(history) and _compat.lags_a_pass(loader.dataset):
+            stale = _compat.lags_a_pass(getattr(loader, "dataset", None))
+            if state is not None and state is _pending_first(history) and stale:
                 # before a pass's first fetch, a Hugging Face IterableDataset still reports its previous pass
                 self._warn_pass_start(index, loader)
                 state = None

@@ -49,6 +49,7 @@ $(STAMP): requirements/*.txt pyproject.toml src/lightning_midepoch/__about__.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet -r requirements/torch-ci.txt
 	$(PIP) install --quiet -r requirements/ci.txt
+	$(PIP) install --quiet --no-deps -r requirements/ci-no-deps.txt
 	$(PIP) install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 

@@ -92,6 +92,9 @@ OTHER_PRIVATE_NAMES = (
     "_ex_iterable",  # Hugging Face datasets' IterableDataset: its chain of example iterables (unsaved_buffer)
     "_get_iterator",  # torch's DataLoader: creates a new iterator (and its workers); persistent workers reuse theirs
     "_send_idx",  # torch's multi-process DataLoader iterator: the batches handed to the workers in this pass
+    "_starting_state_dict",  # ... the state it loaded, applied at every pass of its epoch (forget_restored_position)
+    "_combined_loader_states_to_load",  # the fit loop's stateful loader states, until it loads them
+    "_load_state_dicts",  # CombinedLoader: gives its stateful loaders their states (in order)
 )
 
 #: Private attributes of the train data fetcher (created inside ``setup_data``, checked when it is taken over) and of
@@ -621,3 +624,80 @@ def unsaved_buffer(dataset: object) -> str | None:
         pending += list(children) if isinstance(children, (list, tuple)) else []
         pending = [child for child in pending if child is not None]
     return None
+
+
+def pending_loader_states(fit_loop: Any) -> list[Any]:
+    """The stateful train loaders' states the fit loop restored but has not given them (an empty list once it has).
+
+    Lightning gives them their states only when it resumes inside an epoch (its fit loop is restarting).
+    """
+    return list(getattr(fit_loop, "_combined_loader_states_to_load", None) or [])
+
+
+def load_loader_states(fit_loop: Any, combined_loader: CombinedLoader) -> None:
+    """Give the stateful train loaders the states the fit loop restored, as Lightning does on a mid-epoch resume."""
+    combined_loader._load_state_dicts(fit_loop._combined_loader_states_to_load)
+    fit_loop._combined_loader_states_to_load = []
+
+
+def forget_restored_position(obj: object) -> None:
+    """Let a dataset or loader that was given a saved position start its next pass afresh, as it does when not resumed.
+
+    Two libraries keep a loaded position beyond the pass it was for:
+
+    * Hugging Face's ``datasets.IterableDataset.load_state_dict`` keeps the state (``_starting_state_dict``) and applies
+      it at every pass whose epoch is the state's; Lightning never moves that epoch (it calls ``set_epoch`` on
+      samplers only), so every later pass would start at the restored position.
+    * litdata's ``StreamingDataLoader`` stays in its ``restore`` mode until an iterator runs to its very end, which
+      Lightning's loop never asks of a sized loader (it stops after ``len(loader)`` batches): its next pass would replay
+      the restored position instead of starting its next epoch.
+
+    Read from ``datasets`` 5.2.0 and ``litdata`` 0.2.76; anything else is left alone.
+
+    Example:
+        >>> class Restored:
+        ...     _starting_state_dict = {"epoch": 0}
+        >>> dataset = Restored()
+        >>> forget_restored_position(dataset)
+        >>> dataset._starting_state_dict is None
+        True
+
+    """
+    if isinstance(getattr(obj, "_starting_state_dict", None), dict):
+        obj._starting_state_dict = None  # type: ignore[attr-defined]
+    if type(obj).__module__.split(".")[0] == "litdata" and getattr(obj, "restore", None) is True:
+        obj.restore = False  # type: ignore[attr-defined]
+
+
+def replace_loader_states(checkpoint: dict[str, Any], states: list[Any]) -> None:
+    """Put the given states of the stateful train loaders into a checkpoint Lightning is writing, where not ``None``.
+
+    Lightning keeps them, in the order of the loaders, under the fit loop's ``combined_loader`` key.
+
+    Example:
+        >>> checkpoint = {"loops": {"fit_loop": {"state_dict": {"combined_loader": [{"at": 5}, {"at": 3}]}}}}
+        >>> replace_loader_states(checkpoint, [{"at": 4}, None])
+        >>> checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+        [{'at': 4}, {'at': 3}]
+
+    """
+    saved = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {}).get("combined_loader")
+    if not isinstance(saved, list) or len(saved) != len(states):
+        return
+    for index, state in enumerate(states):
+        if state is not None:
+            saved[index] = state
+
+
+def lags_a_pass(dataset: object) -> bool:
+    """Whether a dataset's ``state_dict()`` still describes its previous pass until a new pass fetches.
+
+    Hugging Face's ``datasets.IterableDataset`` sets up a pass's state at the pass's first example (read from
+    ``datasets`` 5.2.0: the loaded state it keeps, ``_starting_state_dict``, marks it).
+
+    Example:
+        >>> lags_a_pass(range(3))
+        False
+
+    """
+    return hasattr(dataset, "_starting_state_dict")

@@ -238,8 +238,12 @@ class _IndexSamplerRecorder:
             # a new epoch, or a recorded pass that had not drawn yet when the checkpoint was written: draw now
             return self._numbered(self._observe(iterator, record), replay.skip)
         target = None
-        if replay.generators is not None and record.pulled is not None and record.exhausted is not None:
-            target = (record.pulled, record.exhausted, replay.generators)
+        pulled, exhausted = record.pulled or 0, bool(record.exhausted)
+        # (a record that did not count, or a loader that had taken no more than the skipped items, is left to the
+        # session, which sets them once the pass is built: without workers, before anything else is taken)
+        counted = record.pulled is not None and record.exhausted is not None
+        if replay.generators is not None and counted and (pulled > replay.skip or exhausted):
+            target = (pulled, exhausted, replay.generators)
             replay.restored = True
         return self._numbered(self._resume(iterator, record, replay.skip, target), replay.skip)
 
@@ -285,9 +289,6 @@ class _IndexSamplerRecorder:
                 _apply(self._midepoch_rng_objects, record.first_next_states())
             first = next(iterator, _SENTINEL)
         record.pulled, record.exhausted = skip, False
-        if 0 <= pulled <= skip and not exhausted:
-            # the loader had taken no more than the skipped items (never after a batch was fetched): as soon as can be
-            _rng.restore_objects(self._midepoch_rng_objects, states)
         if first is _SENTINEL:
             record.exhausted = True
             if exhausted:

@@ -56,10 +56,19 @@ class ResumePlanner:
             # (an entry that recorded nothing comes from a trainer that had not trained: nothing was lost)
             self._warn_stock_checkpoint()
         if starts_epoch:
-            # a new epoch: its order is drawn now from the live states, exactly as in the uninterrupted run
+            continued = self._leave_finished_passes(epoch)
+            self.session.saver.loaded_loader_states = []  # the epoch's first fetch is from a new iterator
+            # a new epoch: its order is drawn now from the live states, exactly as in the uninterrupted run; except
+            # that epoch 0's iterator was started before on_train_epoch_start, and its stateful loaders continue it
             rewound = self._rewound_loaders(epoch)
             self._arm_workers(rank_state, {i: (0, False) for i in rewound})
-            self._build(fetcher, {i: _Replay(None, 0, 0, live=True) for i in rewound})
+            replays = {i: _Replay(None, 0, 0, live=True) for i in rewound}
+            if continued:
+                with _rng.isolated_global():
+                    self._build(fetcher, replays)
+                self.session.one_pass_positions = self.session.restored_positions()
+            else:
+                self._build(fetcher, replays)
             return
         if _compat.has_callback(trainer, "StochasticWeightAveraging"):
             self._warn_swa()
@@ -76,13 +85,14 @@ class ResumePlanner:
         if plan == "elastic":
             self._start_elastic_epoch(epoch_loop, fetcher, consumed)
             return
+        at_epoch_end = self.session.finish_interrupted_batch and epoch_loop.batch_progress.is_last_batch
         mode = _compat.combined_mode(self.session.combined_loader)  # type: ignore[arg-type]
         replays = {}
         # iterable datasets read in workers continue where each worker's copy was
         workers_to_arm: dict[int, tuple[int, bool]] = {
             index: (consumed, True) for index in self.session.workers.loaders if self.session.recorders[index] is None
         }
-        self.restorer.restore_dataset_states(rank_state, exclude=workers_to_arm)
+        self.restorer.restore_dataset_states(rank_state, at_epoch_end, from_start=consumed == 0, exclude=workers_to_arm)
         for index, recorder in enumerate(self.session.recorders):
             if recorder is None:
                 continue
@@ -111,15 +121,48 @@ class ResumePlanner:
         self.restorer.restore_loader_generators(
             rank_state, {index for index, replay in replays.items() if replay.restored}
         )
-        if self.session.finish_interrupted_batch and epoch_loop.batch_progress.is_last_batch:
+        if at_epoch_end:
             # written at the epoch's last batch: nothing of this epoch is fetched again, but creating its iterator
             # fetched ahead from the datasets that keep their own position; they start the next epoch where they were
             self.restorer.reload_dataset_states(rank_state)
+        if not at_epoch_end and not getattr(fetcher, "batches", None):  # (a fetch ahead was isolated with the build)
+            self.session.lazy_starts = self.session.lazily_started()
+        # what was restored holds for this pass only: later passes start afresh, as in the uninterrupted run
+        self.session.one_pass_positions = self.session.restored_positions()
         _compat.set_batch_index(self.session.combined_loader, consumed)  # type: ignore[arg-type]
         if pulled:
             # the epoch loop adds the steps it restored to the fetcher's count; the steps pulled `consumed` batches,
             # and the fetcher tells the epoch's end from that count (one step too many otherwise)
             fetcher.fetched += consumed - epoch_loop.batch_progress.current.ready
+
+    def _leave_finished_passes(self, epoch: int) -> bool:
+        """A new epoch after a checkpoint written at an epoch's end or start: stateful loaders continue from there.
+
+        Lightning gives stateful loaders (torchdata's ``StatefulDataLoader``, litdata's ``StreamingDataLoader``) their
+        saved states only when it resumes inside an epoch (also at its start); after one written at an epoch's end a
+        fresh loader would start the next epoch from its first order and epoch counter. Each is given its state, which
+        is at the end of the finished pass, and started once (that iterator is dropped, as is the position it gave
+        its dataset), so that the next iterator is the next epoch's, drawn from the loader's own generators and
+        counters as in the uninterrupted run. Epoch 0's iterator was started before ``on_train_epoch_start``: a state
+        from there is that iterator's, which continues (True is returned: its start draws nothing again).
+        """
+        fit_loop = self.trainer.fit_loop
+        combined_loader = self.session.combined_loader
+        stateful = [loader for loader in self.session.loaders if S.loader_kind(loader) == S.KIND_STATEFUL]
+        if combined_loader is None or not stateful:
+            return False
+        if _compat.pending_loader_states(fit_loop):
+            _compat.load_loader_states(fit_loop, combined_loader)
+        elif not self.session.saver.loaded_loader_states:
+            return False  # the checkpoint holds no states for them
+        elif epoch == 0:
+            return True
+        with _rng.isolated_global():  # a DataLoader iterator draws its base seed; this one is no pass of the run's
+            for loader in stateful:
+                iter(loader)
+                for restored in (loader, getattr(loader, "dataset", None)):
+                    _compat.forget_restored_position(restored)
+        return False
 
     def _rewound_loaders(self, epoch: int) -> list[int]:
         """Loaders whose first iterator here is a new one where the uninterrupted run reused its persistent workers.

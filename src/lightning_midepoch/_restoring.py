@@ -69,6 +69,8 @@ class Restorer:
         """
         if not self.session.trained and _compat.restoring_checkpoint(self.trainer):
             self.session.resuming = True
+            # what the stateful loaders are given (if Lightning gives it) is their state before the first fetch
+            self.session.saver.loaded_loader_states = _compat.pending_loader_states(self.trainer.fit_loop)
             self.reopen_stopped_epoch()
             fit_loop = self.trainer.fit_loop
             if fit_loop.restarting and _compat.epoch_trained(fit_loop.epoch_progress):
@@ -205,7 +207,20 @@ class Restorer:
             if state is not None:
                 loader.dataset.load_state_dict(state)
 
-    def restore_dataset_states(self, rank_state: Mapping[str, Any] | None, exclude: Collection[int] = ()) -> None:
+    def restore_dataset_states(
+        self,
+        rank_state: Mapping[str, Any] | None,
+        at_epoch_end: bool = False,
+        from_start: bool = False,
+        exclude: Collection[int] = (),
+    ) -> None:
+        """Give the iterable datasets that save their own position the states saved for them.
+
+        ``at_epoch_end``: written at the epoch's last batch, where a shuffle buffer had been emptied (no warning).
+        ``from_start``: the resumed pass starts at its beginning (the state is from before a pass's first fetch,
+        which Hugging Face's ``IterableDataset`` still reports as its previous pass's: it starts afresh instead).
+        ``exclude``: loaders read in workers, whose copies continue from the states their workers saved.
+        """
         states = list(rank_state.get(S.KEY_DATASET_STATES, [])) if rank_state is not None else []
         states += [None] * (len(self.session.loaders) - len(states))
         for index, (loader, state) in enumerate(zip(self.session.loaders, states)):
@@ -213,11 +228,13 @@ class Restorer:
                 continue  # read in workers: each worker's copy continues from its own saved state
             if state is not None:
                 loader.dataset.load_state_dict(state)
+                if from_start:
+                    _compat.forget_restored_position(loader.dataset)
             elif S.loader_kind(loader) == S.KIND_ITERABLE:
                 self.warn_iterable(index, loader)
                 continue
             buffer = _compat.unsaved_buffer(getattr(loader, "dataset", None))
-            if buffer is not None:
+            if buffer is not None and not at_epoch_end:
                 self._warn_buffer(index, loader, buffer)
 
     def _warn_buffer(self, index: int, loader: Any, buffer: str) -> None:

@@ -169,6 +169,22 @@ def isolated_global() -> Iterator[None]:
         restore_global(state)
 
 
+def after_seed_draw(state: torch.Tensor) -> torch.Tensor:
+    """The torch CPU generator's state after a DataLoader iterator, created from ``state``, drew its base seed.
+
+    Example:
+        >>> before = torch.get_rng_state()
+        >>> _ = iter(torch.utils.data.DataLoader(range(3)))
+        >>> torch.equal(after_seed_draw(before), torch.get_rng_state())
+        True
+
+    """
+    generator = torch.Generator()
+    generator.set_state(state)
+    torch.empty((), dtype=torch.int64).random_(generator=generator)  # as torch's _BaseDataLoaderIter draws it
+    return generator.get_state()
+
+
 def _is_rng_object(value: Any) -> bool:
     if isinstance(value, (torch.Generator, random.Random)):
         return True

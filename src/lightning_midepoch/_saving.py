@@ -53,6 +53,10 @@ class Saver:
         self.dataset_history: dict[int, deque[tuple[int, Any]]] = {}
         # ... and the pass each is in: its epoch's iterator was started (a checkpoint at an epoch's start tells)
         self.dataset_passes: dict[int, dict[str, Any]] = {}
+        # loaders that save their own position (Lightning saves it): their states before the latest fetches, likewise
+        self.loader_history: dict[int, deque[tuple[int, Any]]] = {}
+        # the states Lightning gives them on a mid-epoch resume, until the resumed pass has fetched
+        self.loaded_loader_states: list[Any] = []
         self.epoch_start: dict[str, Any] | None = None  # before on_train_epoch_start
         self.batch_start: dict[str, Any] | None = None  # torch's generators after the batch was fetched
         self.batch_start_rest = _rawstate.BatchStartStates()  # ... and numpy's and Python's, read cheaply
@@ -65,6 +69,9 @@ class Saver:
             index: deque(maxlen=8) for index, loader in enumerate(loaders) if _saves_dataset_state(loader)
         }
         self.dataset_passes = {}
+        self.loader_history = {
+            index: deque(maxlen=8) for index, loader in enumerate(loaders) if S.loader_kind(loader) == S.KIND_STATEFUL
+        }
 
     def epoch_started(self) -> None:
         """Called before each epoch's ``on_train_epoch_start`` (and sampler epoch)."""
@@ -86,6 +93,13 @@ class Saver:
         fetched = getattr(self.session.fetcher, "fetched", 0)
         for index, history in self.dataset_history.items():
             history.append((fetched, self.session.loaders[index].dataset.state_dict()))
+        # a copy: a loader may hand out (and later update) its own state object. Before the first fetch of a resumed
+        # pass the state is the one it was given: litdata's StreamingDataLoader would overwrite that with its dataset's
+        # still stale epoch if asked now
+        loaded, self.loaded_loader_states = self.loaded_loader_states, []
+        for position, (index, history) in enumerate(self.loader_history.items()):
+            state = loaded[position] if position < len(loaded) else self.session.loaders[index].state_dict()
+            history.append((fetched, _dicts_copied(state)))
 
     def iterator_started(self) -> None:
         """Called when the epoch's train iterator is (re)created: the fetcher counts its batches from zero again.
@@ -96,6 +110,8 @@ class Saver:
         loader's pass record.
         """
         epoch = self.session.trainer.current_epoch
+        for history in self.loader_history.values():
+            history.clear()
         for index, history in self.dataset_history.items():
             history.clear()
             at_iter = {"global": _rng.capture_global(), "objects": {}}
@@ -194,11 +210,47 @@ class Saver:
             positions[index] = position
         return positions
 
+    def loader_states(self) -> list[Any] | None:
+        """The states of the loaders that save their own position, where Lightning's are not those to resume from.
+
+        Lightning saves such a loader's state as it is when the checkpoint is written: after the batches its fetcher
+        fetched ahead (an unsized loader's next one), and after the batch in progress, which a resumed run fetches
+        again; a resumed loader would skip them. Here each is the state before the first batch a resumed run fetches,
+        in the order of Lightning's list; ``None`` where Lightning's own is right (nothing pending).
+        """
+        if not self.loader_history or self.stopped is not None:
+            return None
+        states = []
+        for index, history in self.loader_history.items():
+            loader = self.session.loaders[index]
+            state = self._pending_state(history, lambda: None)
+            stale = _compat.lags_a_pass(getattr(loader, "dataset", None))
+            if state is not None and state is _pending_first(history) and stale:
+                # before a pass's first fetch, a Hugging Face IterableDataset still reports its previous pass
+                self._warn_pass_start(index, loader)
+                state = None
+            states.append(state)
+        return states if any(state is not None for state in states) else None
+
+    def _warn_pass_start(self, index: int, loader: Any) -> None:
+        _compat.warn(
+            f"A checkpoint was written before the first batch of train dataloader {index} ({type(loader).__name__})"
+            f" was finished, while its {type(loader.dataset).__name__} still reported its previous pass as its state:"
+            " the checkpoint holds the loader's state after the batches Lightning had fetched, which a resumed run"
+            " skips (as stock Lightning does). Checkpoints written later in the epoch resume exactly.",
+            self.session.trainer,
+            self.session.warned,
+        )
+
     def _dataset_state(self, index: int) -> Any:
         """An iterable dataset's own position at the first batch a resumed run fetches (before its fetch)."""
         history = self.dataset_history.get(index)
         if history is None:
             return None
+        return self._pending_state(history, self.session.loaders[index].dataset.state_dict)
+
+    def _pending_state(self, history: deque[tuple[int, Any]], current: Any) -> Any:
+        """From a history of states before fetches: the state before the first fetch a resumed run makes again."""
         fetcher = self.session.fetcher
         pending = len(getattr(fetcher, "batches", ()))  # fetched ahead, not consumed yet
         batch = self.session.trainer.fit_loop.epoch_loop.batch_progress.current
@@ -213,7 +265,7 @@ class Saver:
         ]
         if pending and len(fetches) >= pending:
             return fetches[-pending]
-        return self.session.loaders[index].dataset.state_dict()
+        return current()
 
     def _live_states(self, grads_pending: bool) -> dict[str, Any]:
         """The states the resumed run continues from: now, unless Lightning will re-run what is in progress."""
@@ -286,6 +338,32 @@ def _nonzero_bits(tensor: torch.Tensor) -> bool:
 
     """
     return bool(tensor.detach().reshape(-1).view(torch.uint8).any())
+
+
+def _pending_first(history: deque[tuple[int, Any]]) -> Any:
+    """The state recorded before a pass's first fetch, if the history still holds it."""
+    return history[0][1] if history and history[0][0] == 0 else None
+
+
+def _dicts_copied(state: Any) -> Any:
+    """A copy of the nested dicts of a loader's state, sharing everything else (lists, tensors, strings, numbers).
+
+    A loader may update the dict it handed out (litdata's ``StreamingDataLoader`` returns its dataset's own state dict
+    and updates it at the next call); lists in a state are replaced, not changed, by the libraries read (torchdata
+    0.11.0, litdata 0.2.76), and a litdata state lists every chunk of its dataset: copying them at every fetch would
+    cost time proportional to the dataset's size.
+
+    Example:
+        >>> state = {"dataset": {"num_samples_yielded": 4, "chunks": [0, 1]}}
+        >>> copied = _dicts_copied(state)
+        >>> state["dataset"]["num_samples_yielded"] = 6
+        >>> copied, copied["dataset"]["chunks"] is state["dataset"]["chunks"]
+        ({'dataset': {'num_samples_yielded': 4, 'chunks': [0, 1]}}, True)
+
+    """
+    if isinstance(state, dict):
+        return {key: _dicts_copied(value) for key, value in state.items()}
+    return state
 
 
 def _saves_dataset_state(loader: Any) -> bool:

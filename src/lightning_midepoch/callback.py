@@ -111,6 +111,12 @@ class MidEpochResume(_CallbackBase):
             self._session.saver.backward_done = True
 
     @override
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        # Lightning saved the stateful loaders' states as they are now, past the batches a resumed run fetches again
+        if self._session is not None and (states := self._session.saver.loader_states()) is not None:
+            _compat.replace_loader_states(checkpoint, states)
+
+    @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         # Lightning runs no teardown hook after an exception: give everything back here
         self._finish()

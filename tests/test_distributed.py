@@ -248,10 +248,14 @@ def test_elastic_resume_twice_in_one_epoch(uninterrupted, tmp_path):
 
 
 # Launchers that pickle the trainer into new processes: what a spawned rank receives must resume as a `ddp` rank does.
-# `make test` runs `ddp_spawn`; the fork launchers (the same launcher, another start method) run in `make strategies`.
-STRATEGIES_MATRIX = pytest.mark.skipif(
-    not os.environ.get("MIDEPOCH_STRATEGIES_MATRIX"), reason="a heavier case: `make strategies` runs it"
-)
+# `make test` runs one case of each kind; `make strategies` runs the rest (marked `strategies_matrix`): the fork
+# launchers (the same launcher as `ddp_spawn`, another start method), worker processes, a checkpoint at an epoch's end.
+STRATEGIES_MATRIX = [
+    pytest.mark.strategies_matrix,
+    pytest.mark.skipif(
+        not os.environ.get("MIDEPOCH_STRATEGIES_MATRIX"), reason="a heavier case: `make strategies` runs it"
+    ),
+]
 
 
 @pytest.mark.parametrize(
@@ -292,8 +296,10 @@ FSDP = ("--strategy", "fsdp")
         pytest.param(
             {"dataset_size": DATASET, "loader": "distributed", "num_workers": 2}, (0, 5), marks=STRATEGIES_MATRIX
         ),
+        # each rank's partial gradients are those of its own shards
+        pytest.param({"dataset_size": DATASET, "accumulate_grad_batches": 4}, (1, 1), marks=STRATEGIES_MATRIX),
     ],
-    ids=["injected-sampler", "explicit-sampler-workers-epoch-end"],
+    ids=["injected-sampler", "explicit-sampler-workers-epoch-end", "accumulation"],
 )
 def test_fsdp_sharded_checkpoint_resumes_exactly_on_every_rank(config, crash, uninterrupted, tmp_path):
     """FSDP on CPU (tests/ddp_job.py's CPUFSDPStrategy, state_dict_type="sharded"): the checkpoint is a directory of

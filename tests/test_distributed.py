@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,7 +18,7 @@ JOB = Path(__file__).resolve().parent / "ddp_job.py"
 DATASET = 24  # 12 samples (6 batches of 2) per rank on 2 devices: no padding, so coverage is exact
 
 
-def _train(
+def _command(
     out: Path,
     devices: int,
     config: dict,
@@ -24,7 +27,7 @@ def _train(
     stock: bool = False,
     extra: tuple[str, ...] = (),
     on_exception: bool = False,
-):
+) -> list[str]:
     command = [sys.executable, str(JOB), str(out), "--devices", str(devices), "--config", json.dumps(config), *extra]
     if stock:
         command.append("--stock")
@@ -32,20 +35,28 @@ def _train(
         command += ["--crash", str(crash[0]), str(crash[1]), *(["--on-exception"] if on_exception else [])]
     if resume is not None:
         command += ["--resume", str(resume)]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    return command
+
+
+def _results(out: Path, world_size: int) -> list:
+    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(world_size)]
+
+
+def _train(out: Path, devices: int, config: dict, **options: Any) -> list:
+    completed = subprocess.run(_command(out, devices, config, **options), capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(devices)]
+    return _results(out, devices)
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """The uninterrupted runs, with and without the callback, shared by the tests of this module."""
-    runs: dict[tuple[int, str, bool], list] = {}
+    runs: dict[tuple[int, str, bool, tuple[str, ...]], list] = {}
 
-    def train(devices: int, config: dict, stock: bool = False) -> list:
-        key = (devices, json.dumps(config, sort_keys=True), stock)
+    def train(devices: int, config: dict, stock: bool = False, extra: tuple[str, ...] = ()) -> list:
+        key = (devices, json.dumps(config, sort_keys=True), stock, extra)
         if key not in runs:
-            runs[key] = _train(tmp_path_factory.mktemp("uninterrupted"), devices, config, stock=stock)
+            runs[key] = _train(tmp_path_factory.mktemp("uninterrupted"), devices, config, stock=stock, extra=extra)
         return runs[key]
 
     return train
@@ -237,3 +248,129 @@ def test_elastic_resume_twice_in_one_epoch(uninterrupted, tmp_path):
     third = _train(tmp_path / "third", 2, config, resume=tmp_path / "second" / "crash.ckpt")
     assert _epoch_samples(first, 1) + _epoch_samples(second, 1) + _epoch_samples(third, 1) == Counter(range(DATASET))
     assert _epoch_samples(second, 1).total() == 4
+
+
+# Launchers that pickle the trainer into new processes: what a spawned rank receives must resume as a `ddp` rank does.
+# `make test` runs one case of each kind; `make strategies` runs the rest (marked `strategies_matrix`): the fork
+# launchers (the same launcher as `ddp_spawn`, another start method), worker processes, a checkpoint at an epoch's end.
+STRATEGIES_MATRIX = [
+    pytest.mark.strategies_matrix,
+    pytest.mark.skipif(
+        not os.environ.get("MIDEPOCH_STRATEGIES_MATRIX"), reason="a heavier case: `make strategies` runs it"
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("strategy", "config", "crash"),
+    [
+        ("ddp_spawn", {"dataset_size": DATASET}, (1, 2)),
+        pytest.param("ddp_fork", {"dataset_size": DATASET}, (1, 2), marks=STRATEGIES_MATRIX),
+        pytest.param("ddp_notebook", {"dataset_size": DATASET}, (0, 5), marks=STRATEGIES_MATRIX),
+        # the sampler the user's loader holds, pickled with it
+        pytest.param("ddp_spawn", {"dataset_size": DATASET, "loader": "distributed"}, (1, 3), marks=STRATEGIES_MATRIX),
+    ],
+    ids=["spawn", "fork", "notebook-epoch-end", "spawn-explicit-sampler"],
+)
+def test_resume_in_processes_that_received_a_pickled_trainer_is_exact_on_every_rank(
+    strategy, config, crash, uninterrupted, tmp_path
+):
+    extra = ("--strategy", strategy)
+    full = uninterrupted(2, config, extra=extra)
+    # the ranks stop at the crash point by exiting, as killed ones do: the launching process then ends
+    interrupted = _train(tmp_path / "interrupted", 2, config, crash=crash, extra=extra)
+    ranks = torch.load(tmp_path / "interrupted" / "crash.ckpt", weights_only=True)["callbacks"]["MidEpochResume"]
+    assert len(ranks["ranks"]) == 2
+    resumed = _train(tmp_path / "resumed", 2, config, resume=tmp_path / "interrupted" / "crash.ckpt", extra=extra)
+    _assert_same_continuation(full, interrupted, resumed)
+
+
+FSDP = ("--strategy", "fsdp")
+
+
+@pytest.mark.parametrize(
+    ("config", "crash"),
+    [
+        # the DistributedSampler Lightning injects (the id avoids `make compat`'s selection "injected")
+        ({"dataset_size": DATASET}, (1, 2)),
+        pytest.param(
+            {"dataset_size": DATASET, "loader": "distributed", "num_workers": 2}, (0, 5), marks=STRATEGIES_MATRIX
+        ),
+    ],
+    ids=["default-sampler", "explicit-sampler-workers-epoch-end"],
+)
+def test_fsdp_sharded_checkpoint_resumes_exactly_on_every_rank(config, crash, uninterrupted, tmp_path):
+    """FSDP on CPU (tests/ddp_job.py's CPUFSDPStrategy, state_dict_type="sharded"): the checkpoint is a directory of
+    shards; the callback's states travel in its metadata file, written by rank 0 with every rank's states."""
+    _assert_transparent_with(uninterrupted, 2, config, FSDP)
+    full = uninterrupted(2, config, extra=FSDP)
+    interrupted = _train(tmp_path / "interrupted", 2, config, crash=crash, extra=FSDP)
+    checkpoint = tmp_path / "interrupted" / "crash.ckpt"
+    assert checkpoint.is_dir()
+    ranks = torch.load(checkpoint / "meta.pt", weights_only=True)["callbacks"]["MidEpochResume"]["ranks"]
+    assert len(ranks) == 2
+    assert not torch.equal(ranks[0]["rng"]["torch"], ranks[1]["rng"]["torch"])
+    resumed = _train(tmp_path / "resumed", 2, config, resume=checkpoint, extra=FSDP)
+    _assert_same_continuation(full, interrupted, resumed)
+
+
+def test_fsdp_checkpoint_inside_an_accumulation_group_warns_and_keeps_the_order(uninterrupted, tmp_path):
+    """FSDP's gradients inside an accumulation group are not shaped as the rank's sharded parameters: the resumed run
+    drops them, warning before it trains; the batches and the random states still continue exactly."""
+    config = {"dataset_size": DATASET, "accumulate_grad_batches": 4}
+    full = uninterrupted(2, config, extra=FSDP)
+    interrupted = _train(tmp_path / "interrupted", 2, config, crash=(1, 1), extra=FSDP)  # batches 0, 1 of 0..3 done
+    ranks = torch.load(tmp_path / "interrupted" / "crash.ckpt" / "meta.pt", weights_only=True)
+    assert all(rank["grads"] for rank in ranks["callbacks"]["MidEpochResume"]["ranks"])
+    resumed = _train(tmp_path / "resumed", 2, config, resume=tmp_path / "interrupted" / "crash.ckpt", extra=FSDP)
+    message = "inside a gradient accumulation group under a strategy that shards the parameters (FSDP)"
+    assert any(message in warning for warning in resumed[0]["warnings"])
+    for rank, (f, i, r) in enumerate(zip(full, interrupted, resumed)):
+        assert i["seen"] + r["seen"] == f["seen"], f"rank {rank} trained other batches"
+        assert torch.equal(f["rng"]["torch"], r["rng"]["torch"]), f"rank {rank}: torch random state differs"
+    assert any(not torch.equal(value, resumed[0]["params"][name]) for name, value in full[0]["params"].items())
+
+
+def _assert_transparent_with(uninterrupted, devices: int, config: dict, extra: tuple[str, ...]) -> None:
+    ours, stock = uninterrupted(devices, config, extra=extra), uninterrupted(devices, config, stock=True, extra=extra)
+    assert [rank["seen"] for rank in ours] == [rank["seen"] for rank in stock]
+    _assert_same_end(ours, stock)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _train_on_two_nodes(out: Path, config: dict, **options: Any) -> list:
+    """One process per node, as a cluster's scheduler starts them: node ranks 0 and 1, one device each, meeting at
+    the same address and port on this machine."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    command = _command(out, 1, config, extra=("--num-nodes", "2"), **options)
+    nodes = [
+        subprocess.Popen(command, env={**env, "NODE_RANK": str(node)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for node in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=300)[0].decode()[-3000:] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)
+    return _results(out, 2)
+
+
+def test_two_nodes_resume_exactly_on_two_nodes_and_elastically_on_one(uninterrupted, tmp_path):
+    """Two nodes simulated on one machine (`num_nodes=2`, node ranks 0 and 1 over localhost): a two-node job is the
+    two-device job rank for rank; its mid-epoch checkpoint resumes exactly on two nodes and, on one node, trains every
+    remaining sample of the epoch once."""
+    config = {"dataset_size": DATASET, "hook_draws": False}
+    full = _train_on_two_nodes(tmp_path / "full", config)
+    assert [rank["world_size"] for rank in full] == [2, 2]
+    assert [rank["seen"] for rank in full] == [rank["seen"] for rank in uninterrupted(2, config)]
+    _assert_same_end(full, uninterrupted(2, config))
+    interrupted = _train_on_two_nodes(tmp_path / "interrupted", config, crash=(1, 2))
+    checkpoint = tmp_path / "interrupted" / "crash.ckpt"
+    assert len(torch.load(checkpoint, weights_only=True)["callbacks"]["MidEpochResume"]["ranks"]) == 2
+    again = _train_on_two_nodes(tmp_path / "again", config, resume=checkpoint)
+    _assert_same_continuation(full, interrupted, again)
+    (alone,) = _train(tmp_path / "alone", 1, config, resume=checkpoint)
+    assert _epoch_samples(interrupted, 1) + _epoch_samples([alone], 1) == Counter(range(DATASET))
+    assert _epoch_samples([alone], 2) == Counter(range(DATASET))

@@ -220,3 +220,19 @@ def test_every_claim_of_the_exactness_table_names_its_test():
         else:
             assert exact in ("no", "partly"), f"{setting}: unknown verdict {exact!r}"
             assert "warning" in evidence, f"{setting}: a '{exact}' row names no warning"
+
+
+def test_every_row_of_the_strategy_table_names_tests_that_exist():
+    """The distributed page's table of strategies (and data libraries): a row that claims exactness names its tests."""
+    text = (DOCS / "distributed.md").read_text()
+    table = text[text.index("| Strategy / data library | Exact |") :].split("\n\n", 1)[0]
+    rows = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in table.splitlines()[2:]]
+    assert len(rows) >= 8
+    defined = {name.split("::")[1] for name in _test_functions()}
+    for setting, exact, evidence in rows:
+        named = re.findall(r"`(?:tests/test_\w+\.py::)?(test_\w+)", evidence)
+        assert set(named) <= defined, f"{setting}: names a test that does not exist: {named}"
+        if exact.startswith(("yes", "every remaining sample once", "no")):
+            assert named, f"{setting}: a '{exact}' row names no test"
+        else:
+            assert exact.startswith("expected"), f"{setting}: unknown verdict {exact!r}"

@@ -612,6 +612,19 @@ def test_directory(tmp_path, capsys):
     assert_one_line_error(*cli(capsys, tmp_path), "is a directory, not a checkpoint file")
 
 
+def test_sharded_checkpoint_directory_is_read_from_its_metadata_file(ckpts, tmp_path, capsys):
+    """FSDP's sharded checkpoints are directories: Lightning keeps the callbacks' states in their `meta.pt`."""
+    checkpoint = load(ckpts["exact"])
+    del checkpoint["state_dict"], checkpoint["optimizer_states"]  # what Lightning writes into the shards instead
+    directory = tmp_path / "sharded.ckpt"
+    directory.mkdir()
+    save_copy(checkpoint, directory / _inspect.SHARDED_METADATA)
+    code, doc = cli_json(capsys, directory)
+    expected_code, expected = cli_json(capsys, ckpts["exact"])
+    assert code == expected_code == 0
+    assert (doc["verdict"], doc["resume"], doc["blockers"]) == (expected["verdict"], expected["resume"], [])
+
+
 def test_text_file(tmp_path, capsys):
     path = tmp_path / "notes.txt"
     path.write_text("hello\n")
@@ -662,8 +675,9 @@ def test_unforeseen_errors_are_one_line(ckpts, monkeypatch, capsys):
 
 
 def test_http_urls_are_left_to_lightnings_loader():
-    # Lightning downloads http(s) checkpoints with torch.hub, not fsspec: nothing to check beforehand
-    assert _inspect._check_exists("https://example.invalid/last.ckpt", _inspect._cloud_io()) is None
+    # Lightning downloads http(s) checkpoints with torch.hub, not fsspec: nothing to check beforehand (and not a
+    # sharded checkpoint's directory)
+    assert _inspect._check_exists("https://example.invalid/last.ckpt", _inspect._cloud_io()) is False
 
 
 def test_unknown_url_protocol(capsys):

@@ -102,3 +102,37 @@ def test_profiler_actions_are_stock(profiler, tmp_path):
     assert _PROFILED_DURING_EPOCH in stock
     # the callback's own hooks are profiled under its name, as every callback's are
     assert {action for action in ours if "MidEpochResume" not in action} == stock
+
+
+class _TrainerAfterFit(L.Callback):
+    def teardown(self, trainer: L.Trainer, pl_module: Any, stage: str) -> None:
+        self.trainer = trainer
+
+
+def test_a_trainer_pickled_after_fit_holds_nothing_of_ours_outside_the_callback(tmp_path):
+    """`ddp_spawn` and the fork launchers pickle the trainer into their processes: one that has run a fit with the
+    callback must pickle as stock Lightning's does, with the callback the only object of ours in it."""
+    from lightning_midepoch import MidEpochResume
+
+    kept = {}
+    for callback in (True, False):
+        after = _TrainerAfterFit()
+        run(Config(max_epochs=2, num_workers=1), tmp_path / str(callback), callback=callback, extra_callbacks=[after])
+        kept[callback] = after.trainer
+    ours, stock = kept[True], kept[False]
+    attached = [c for c in ours.callbacks if isinstance(c, MidEpochResume)]
+    assert len(attached) == 1
+    assert b"lightning_midepoch" in pickle.dumps(ours)
+    ours.callbacks = [c for c in ours.callbacks if c is not attached[0]]
+    data = pickle.dumps(ours)
+    assert b"midepoch" not in data
+    restored = pickle.loads(data)
+    for path in ("fit_loop", "fit_loop.epoch_loop", "train_dataloader", "train_dataloader.batch_sampler"):
+        ours_object, stock_object = restored, stock
+        for name in path.split("."):
+            ours_object, stock_object = getattr(ours_object, name), getattr(stock_object, name)
+        assert type(ours_object) is type(stock_object), path
+    assert type(restored.train_dataloader.batch_sampler.sampler) is type(stock.train_dataloader.batch_sampler.sampler)
+    # the callback itself round-trips, holding where the fit stopped (what a checkpoint written after it records)
+    copied = pickle.loads(pickle.dumps(attached[0]))
+    assert repr(copied.state_dict()) == repr(attached[0].state_dict())

@@ -466,6 +466,15 @@ def has_callback(trainer: Trainer, name: str) -> bool:
     return any(isinstance(callback, stock) for callback in getattr(trainer, "callbacks", ()))
 
 
+def shards_parameters(trainer: Trainer) -> bool:
+    """Whether the trainer's strategy shards the parameters across ranks (FSDP, ``ModelParallelStrategy``)."""
+    strategies = importlib.import_module(f"{_pytorch_module(trainer)}.strategies")
+    kinds = tuple(
+        getattr(strategies, name) for name in ("FSDPStrategy", "ModelParallelStrategy") if hasattr(strategies, name)
+    )
+    return isinstance(getattr(trainer, "strategy", None), kinds)
+
+
 def _pytorch_module(obj: object) -> str:
     """Where the object's Lightning keeps its trainer package: ``lightning.pytorch`` or ``pytorch_lightning``."""
     return "lightning.pytorch" if namespace(obj) == "lightning" else "pytorch_lightning"

@@ -522,7 +522,9 @@ def analyse(checkpoint: Mapping[str, Any], path: str) -> Report:
         world_size=None,
         state=StateInfo(present=raw_state is not None),
     )
-    if "optimizer_states" not in checkpoint or "lr_schedulers" not in checkpoint:
+    # (the metadata of a sharded checkpoint has neither model nor optimizer states: they are in its shards)
+    sharded = "state_dict" not in checkpoint and "lr_schedulers" in checkpoint
+    if not sharded and ("optimizer_states" not in checkpoint or "lr_schedulers" not in checkpoint):
         report.blockers.append(
             Blocker(
                 "The checkpoint holds only the model (no optimizer or scheduler states, as"
@@ -728,18 +730,26 @@ def _weights_only_reason(error: BaseException) -> str:
     return reason.split(". ", 1)[0].rstrip(".")
 
 
-def _check_exists(path: str, cloud_io: Any) -> None:
+#: The file of a sharded checkpoint (a directory: FSDP's ``state_dict_type="sharded"``, ``ModelParallelStrategy``)
+#: that holds everything but the model and optimizer shards, the callbacks' states included (Lightning's name).
+SHARDED_METADATA = "meta.pt"
+
+
+def _check_exists(path: str, cloud_io: Any) -> bool:
+    """Raise if ``path`` is no checkpoint; return whether it is a sharded checkpoint's directory."""
     if path.startswith("http"):  # Lightning downloads these with torch.hub, not fsspec
-        return
+        return False
     try:
         filesystem = cloud_io.get_filesystem(path)
         exists, is_dir = filesystem.exists(path), filesystem.isdir(path)
+        sharded = is_dir and filesystem.isfile(f"{path.rstrip('/')}/{SHARDED_METADATA}")
     except Exception as error:  # an unknown protocol, a missing fsspec backend, no access
         raise InspectError(f"cannot open {path}: {one_line(error)}") from None
     if not exists:
         raise InspectError(f"{path}: no such file")
-    if is_dir:
+    if is_dir and not sharded:
         raise InspectError(f"{path} is a directory, not a checkpoint file")
+    return bool(sharded)
 
 
 def _load(path: str, trust: bool, load: Callable[..., Any]) -> Any:
@@ -781,11 +791,13 @@ def load_checkpoint(path: str, trust: bool = False) -> dict[str, Any]:
 
     """
     cloud_io = _cloud_io()
-    _check_exists(path, cloud_io)
-    checkpoint = _load(path, trust, cloud_io._load)
+    sharded = _check_exists(path, cloud_io)
+    checkpoint = _load(f"{path.rstrip('/')}/{SHARDED_METADATA}" if sharded else path, trust, cloud_io._load)
     if not isinstance(checkpoint, dict):
         raise InspectError(f"{path} is not a Lightning checkpoint: it holds a {type(checkpoint).__name__}, not a dict")
-    missing = [key for key in ("epoch", "global_step", "state_dict") if key not in checkpoint]
+    # a sharded checkpoint keeps the model and optimizer states in its shards, not in its metadata file
+    required = ("epoch", "global_step") if sharded else ("epoch", "global_step", "state_dict")
+    missing = [key for key in required if key not in checkpoint]
     if missing:
         keys = ", ".join(repr(key) for key in list(checkpoint)[:6]) or "none"
         raise InspectError(f"{path} is not a Lightning checkpoint: it has no {', '.join(missing)} (its keys: {keys})")

@@ -115,7 +115,10 @@ class Restorer:
         if not self._live_pending:
             return
         self._live_pending = False
-        if self.loaded is not None and not self.elastic_resume:
+        # sharded parameters' gradients are laid out as the strategy chooses (FSDP keeps them unsharded inside an
+        # accumulation group), not as the parameters are shaped on this rank: they cannot be put back
+        sharded = _compat.shards_parameters(self.trainer)
+        if self.loaded is not None and not self.elastic_resume and not sharded:
             # the gradients are restored into this model's parameters: a shape they cannot take is damage
             shapes = {name: tuple(p.shape) for name, p in self.trainer.lightning_module.named_parameters()}
             try:
@@ -143,6 +146,16 @@ class Restorer:
             _compat.warn(
                 "The checkpoint was written inside a gradient accumulation group on another number of devices: the"
                 " gradients accumulated so far are dropped and the group restarts on the new devices.",
+                self.trainer,
+                self.warned,
+            )
+        elif grads and sharded:
+            _compat.warn(
+                "The checkpoint was written inside a gradient accumulation group under a strategy that shards the"
+                " parameters (FSDP): the gradients accumulated so far cannot be put back and are dropped, so the step"
+                " that ends the group uses only the gradients of the batches after the checkpoint and the run differs"
+                " from the uninterrupted one. Write such checkpoints at accumulation boundaries"
+                " (`ModelCheckpoint(every_n_train_steps=...)` does).",
                 self.trainer,
                 self.warned,
             )

@@ -9,9 +9,10 @@ and it pickles as an instance of the original class, without anything of ours.
 from __future__ import annotations
 
 import copyreg
-from typing import Any
+from typing import Any, TypeVar
 
 _MIXED_CLASSES: dict[tuple[type, type], type] = {}
+_T = TypeVar("_T")
 
 #: Instance attributes of ours, removed when the object is pickled.
 OWN_ATTRIBUTE_PREFIX = "_midepoch"
@@ -40,12 +41,49 @@ def mix_in(obj: object, mixin: type) -> type:
     original = type(obj)
     if issubclass(original, mixin):
         return original
+    obj.__class__ = _mixed_class(mixin, original)
+    # Assigning __class__ turns the attributes CPython keeps inline in the object into a "split" dict, on which the
+    # interpreter's specialized attribute reads and writes fail every time (CPython 3.11): each of the hundreds of
+    # reads of the loops' attributes per training step then takes the generic path, about as much time as all of
+    # the callback's own work per step (measured). A plain dict of the same attributes keeps the reads specialized.
+    obj.__dict__ = dict(vars(obj))
+    return original
+
+
+def mixed_copy(obj: _T, mixin: type) -> tuple[_T, type]:
+    """A new object of ``obj``'s class with ``mixin`` in front, with ``obj``'s attributes; and the class to restore.
+
+    For an object that nothing else refers to yet: unlike :func:`mix_in`, the copy keeps its attributes inline, so
+    that every attribute access stays as fast as on the stock object. Attributes are set one by one, through any
+    property of the mixin. ``obj`` itself is left as it was.
+
+    Example:
+        >>> class Fetcher:
+        ...     def __init__(self):
+        ...         self.fetched = 3
+        >>> class Counting:
+        ...     pass
+        >>> fetcher, original = mixed_copy(Fetcher(), Counting)
+        >>> fetcher.fetched, type(fetcher).__name__, isinstance(fetcher, Counting), original is Fetcher
+        (3, 'Fetcher', True, True)
+
+    """
+    original = type(obj)
+    if issubclass(original, mixin):
+        return obj, original
+    copy: Any = object.__new__(_mixed_class(mixin, original))
+    for name, value in vars(obj).items():
+        setattr(copy, name, value)
+    return copy, original
+
+
+def _mixed_class(mixin: type, original: type) -> type:
+    """The class of ``mixin`` in front of ``original``, named as ``original`` (one per pair)."""
     key = (mixin, original)
     if key not in _MIXED_CLASSES:
         names = {"__module__": original.__module__, "__qualname__": original.__qualname__, "_midepoch_stock": original}
         _MIXED_CLASSES[key] = type(original.__name__, (mixin, original), names)
-    obj.__class__ = _MIXED_CLASSES[key]
-    return original
+    return _MIXED_CLASSES[key]
 
 
 def unmix(obj: Any, original: type) -> None:

@@ -4,6 +4,11 @@ Lightning's classes are never modified. One trainer's loop (or fetcher) gets a c
 the original class, named exactly as the original, so that what users see (profiler action names such as
 ``[_TrainingEpochLoop].train_dataloader_next``, reprs, ``type(loop).__name__``) stays what stock Lightning shows;
 and it pickles as an instance of the original class, without anything of ours.
+
+The cost that matters is CPython's: an object whose class is changed loses the interpreter's fastest attribute reads
+(see :func:`mix_in`), and Lightning reads its loops' and fetcher's attributes hundreds of times per training step. So
+an object nothing refers to yet (the fetcher) gets a copy instead (:func:`mixed_copy`), and an override is put in
+place only from when it is needed.
 """
 
 from __future__ import annotations

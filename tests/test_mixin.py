@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from harness import NAMESPACE, Config, L, run
+from harness import NAMESPACE, Config, L, ModelCheckpoint, run
+from lightning_midepoch._loops import _ResumableTrainingEpochLoop
 from lightning_midepoch._mixin import mix_in, stock_reduce, unmix
 
 _PROFILED_DURING_EPOCH = "[_TrainingEpochLoop].train_dataloader_next"
@@ -136,3 +137,25 @@ def test_a_trainer_pickled_after_fit_holds_nothing_of_ours_outside_the_callback(
     # the callback itself round-trips, holding where the fit stopped (what a checkpoint written after it records)
     copied = pickle.loads(pickle.dumps(attached[0]))
     assert repr(copied.state_dict()) == repr(attached[0].state_dict())
+
+
+class _EpochLoopClass(L.Callback):
+    """Whether the epoch loop carries the override, seen at every batch."""
+
+    def __init__(self) -> None:
+        self.overridden: list[bool] = []
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self.overridden.append(isinstance(trainer.fit_loop.epoch_loop, _ResumableTrainingEpochLoop))
+
+
+def test_only_a_restore_puts_the_override_on_the_epoch_loop(tmp_path):
+    """Every read of an object's attributes gets slower once it carries an override (see ``mix_in``), and the epoch
+    loop's is needed only after Lightning restored the loops: a fit that restores nothing keeps the stock loop."""
+    fresh, resumed = _EpochLoopClass(), _EpochLoopClass()
+    config = Config(max_steps=4)
+    checkpoints = ModelCheckpoint(tmp_path, every_n_train_steps=2, save_top_k=-1)
+    run(config, tmp_path / "fresh", extra_callbacks=[fresh, checkpoints])
+    assert fresh.overridden == [False] * 4
+    run(config, tmp_path / "resumed", ckpt_path=tmp_path / "epoch=0-step=2.ckpt", extra_callbacks=[resumed])
+    assert resumed.overridden == [True] * 2

@@ -40,18 +40,22 @@ class _ResumableDataFetcher(_DataFetcherBase):
 
     # Lightning calls `_start_profiler` right before every fetch from the loaders (prefetches included): the moment
     # an iterable dataset's own position must be read, so that a checkpoint saves the position of the first batch
-    # the loop has not consumed yet
+    # the loop has not consumed yet. Lightning's own callables are kept in attributes of ours, set as plain
+    # attributes (not through __dict__, which would take the fetcher's attributes out of line: see _mixin.mixed_copy)
+    _midepoch_start_profiler: Callable[[], None] = staticmethod(_nothing)
+    _midepoch_stop_profiler: Callable[[], None] = staticmethod(_nothing)
+
     @property
     def _start_profiler(self) -> Callable[[], None]:
         return self._midepoch_before_fetch
 
     @_start_profiler.setter
     def _start_profiler(self, start: Callable[[], None]) -> None:
-        self.__dict__["_midepoch_start_profiler"] = start
+        self._midepoch_start_profiler = start
 
     def _midepoch_before_fetch(self) -> None:
         self._midepoch.before_fetch()
-        self.__dict__.get("_midepoch_start_profiler", _nothing)()
+        self._midepoch_start_profiler()
 
     # ... and `_stop_profiler` right after it: where a batch starts, for a checkpoint written in its middle
     @property
@@ -60,10 +64,10 @@ class _ResumableDataFetcher(_DataFetcherBase):
 
     @_stop_profiler.setter
     def _stop_profiler(self, stop: Callable[[], None]) -> None:
-        self.__dict__["_midepoch_stop_profiler"] = stop
+        self._midepoch_stop_profiler = stop
 
     def _midepoch_after_fetch(self) -> None:
-        self.__dict__.get("_midepoch_stop_profiler", _nothing)()
+        self._midepoch_stop_profiler()
         self._midepoch.after_fetch()
 
     def _midepoch_stock_state(self) -> dict[str, Any]:

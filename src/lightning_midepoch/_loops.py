@@ -54,11 +54,12 @@ class _ResumableFitLoop(_FitLoopBase):
     def _data_fetcher(self, fetcher: Any) -> None:
         # the fetcher is created inside setup_data: take it over before setup_data starts its iterator
         if fetcher is not None:
-            self._midepoch.adopt_fetcher(fetcher)
+            fetcher = self._midepoch.adopt_fetcher(fetcher)
         self.__dict__["_data_fetcher"] = fetcher
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any], prefix: str = "") -> None:
+        self._midepoch.loops_restoring()
         super().load_state_dict(state_dict, prefix)
         self._midepoch.restorer.loops_restored()
 
@@ -131,7 +132,7 @@ class _ResumableFitLoop(_FitLoopBase):
 
 
 class _ResumableTrainingEpochLoop(_EpochLoopBase):
-    """Mixed into the trainer's training epoch loop by :class:`_Session`."""
+    """Mixed into the trainer's training epoch loop by :class:`_Session` when Lightning restores the loops."""
 
     _midepoch: _Session
     __reduce_ex__ = stock_reduce

@@ -90,6 +90,8 @@ class Saver:
 
     def before_fetch(self) -> None:
         """Called right before every fetch from the train loaders."""
+        if not self.dataset_history:
+            return
         fetched = getattr(self.session.fetcher, "fetched", 0)
         for index, history in self.dataset_history.items():
             history.append((fetched, self.session.loaders[index].dataset.state_dict()))

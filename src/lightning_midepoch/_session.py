@@ -17,7 +17,7 @@ from lightning_midepoch import _compat, _rng, _workers
 from lightning_midepoch import _state as S
 from lightning_midepoch._fetchers import _ResumableDataFetcher
 from lightning_midepoch._loops import _ResumableFitLoop, _ResumableTrainingEpochLoop
-from lightning_midepoch._mixin import mix_in, unmix
+from lightning_midepoch._mixin import mix_in, mixed_copy, unmix
 from lightning_midepoch._order import _IndexSamplerRecorder
 from lightning_midepoch._planning import ResumePlanner
 from lightning_midepoch._restoring import Restorer
@@ -66,13 +66,26 @@ class _Session:
 
     # ------------------------------------------------------------------ installing
     def install(self) -> None:
-        """Put the loop overrides on this trainer's loops."""
+        """Put the fit loop's override on this trainer's fit loop (the epoch loop's waits for a restore)."""
         fit_loop = self.trainer.fit_loop
-        for obj, mixin in ((fit_loop, _ResumableFitLoop), (fit_loop.epoch_loop, _ResumableTrainingEpochLoop)):
+        self._mix(fit_loop, _ResumableFitLoop)
+        if fit_loop._data_fetcher is not None:  # pragma: no cover - Lightning creates it inside setup_data
+            fit_loop._data_fetcher = fit_loop._data_fetcher  # the fit loop's override adopts it
+
+    def loops_restoring(self) -> None:
+        """Lightning is about to restore the loops' state: put the epoch loop's override on the epoch loop.
+
+        Everything the epoch loop's override does follows a restore (``restarting`` is set by nothing else). Until
+        then the epoch loop is left as it is: putting an override on an object slows down every read of its
+        attributes a little (see :func:`~lightning_midepoch._mixin.mix_in`), and Lightning reads the epoch loop's
+        hundreds of times per training step.
+        """
+        self._mix(self.trainer.fit_loop.epoch_loop, _ResumableTrainingEpochLoop)
+
+    def _mix(self, obj: object, mixin: type) -> None:
+        if not isinstance(obj, mixin):
             self._originals.append((obj, mix_in(obj, mixin)))
             vars(obj)["_midepoch"] = self
-        if fit_loop._data_fetcher is not None:  # pragma: no cover - Lightning creates it inside setup_data
-            self.adopt_fetcher(fit_loop._data_fetcher)
 
     def uninstall(self) -> None:
         """Give the trainer its stock loops and the loaders their own index samplers back."""
@@ -81,11 +94,17 @@ class _Session:
             unmix(obj, original)
         self._originals.clear()
 
-    def adopt_fetcher(self, fetcher: _DataFetcher) -> None:
-        """Take over the train data fetcher the fit loop just created."""
-        self._originals.append((fetcher, mix_in(fetcher, _ResumableDataFetcher)))
-        vars(fetcher)["_midepoch"] = self
+    def adopt_fetcher(self, fetcher: _DataFetcher) -> _DataFetcher:
+        """Take over the train data fetcher the fit loop just created: returns the fetcher the fit loop keeps.
+
+        That is a copy with the override (:func:`~lightning_midepoch._mixin.mixed_copy`): nothing refers to the new
+        fetcher yet, and Lightning reads its attributes at every fetch.
+        """
+        fetcher, original = mixed_copy(fetcher, _ResumableDataFetcher)
+        fetcher._midepoch = self  # type: ignore[attr-defined]
+        self._originals.append((fetcher, original))
         self.fetcher = fetcher
+        return fetcher
 
     def attach(self, combined_loader: CombinedLoader) -> None:
         """Wrap the index sampler of every map-style train loader in a recorder (called before any iterator)."""

@@ -90,7 +90,7 @@ class Saver:
 
     def before_fetch(self) -> None:
         """Called right before every fetch from the train loaders."""
-        if not self.dataset_history:
+        if not self.dataset_history and not self.loader_history:
             return
         fetched = getattr(self.session.fetcher, "fetched", 0)
         for index, history in self.dataset_history.items():

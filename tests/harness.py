@@ -206,7 +206,8 @@ class Config:
     def loaders(self, model: Model) -> Any:
         if self.iterable is not None:
             dataset = CountingIterable(self.dataset_size, self.iterable == "stateful", self.augment)
-            return DataLoader(dataset, batch_size=2, num_workers=self.iterable_workers)
+            persistent = self.persistent_workers and self.iterable_workers > 0
+            return DataLoader(dataset, batch_size=2, num_workers=self.iterable_workers, persistent_workers=persistent)
         if self.combined is not None:
             short = replace(self, dataset_size=6, combined=None)
             return CombinedLoader({"long": self.make_loader(model), "short": short.make_loader(model)}, self.combined)

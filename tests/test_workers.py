@@ -151,3 +151,9 @@ ITERABLE = Config(iterable="stateful", iterable_workers=2, augment=True, max_epo
 @pytest.mark.parametrize("batch", [2, 5], ids=["resumes-at-worker-1", "resumes-at-worker-0"])
 def test_a_stateful_iterable_dataset_read_in_workers_continues_each_workers_position(batch, tmp_path):
     assert_exact(interrupt_and_resume(ITERABLE, CrashPoint("train_batch_end", epoch=0, batch=batch), tmp_path))
+
+
+def test_a_stateful_iterable_dataset_in_persistent_workers_stays_exact_in_later_epochs(tmp_path):
+    """Persistent workers keep their dataset copies and generators into the epochs after the resumed one."""
+    config = replace(ITERABLE, persistent_workers=True, max_epochs=3)
+    assert_exact(interrupt_and_resume(config, CrashPoint("train_batch_end", epoch=0, batch=2), tmp_path))

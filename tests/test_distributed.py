@@ -251,8 +251,8 @@ def test_elastic_resume_twice_in_one_epoch(uninterrupted, tmp_path):
 
 
 # Launchers that pickle the trainer into new processes: what a spawned rank receives must resume as a `ddp` rank does.
-# `make test` runs `ddp_spawn` and `ddp_fork` once each; `make strategies` runs the rest (marked `strategies_matrix`):
-# `ddp_notebook` (the fork launcher again), worker processes, a checkpoint at an epoch's end.
+# `make test` runs `ddp_spawn`, `ddp_fork` and `ddp_notebook` once each; `make strategies` runs the rest (marked
+# `strategies_matrix`): an explicit sampler under `ddp_spawn`, FSDP with worker processes at an epoch's end.
 STRATEGIES_MATRIX = [
     pytest.mark.strategies_matrix,
     pytest.mark.skipif(
@@ -266,7 +266,7 @@ STRATEGIES_MATRIX = [
     [
         ("ddp_spawn", {"dataset_size": DATASET}, (1, 2)),
         ("ddp_fork", {"dataset_size": DATASET}, (1, 2)),
-        pytest.param("ddp_notebook", {"dataset_size": DATASET}, (0, 5), marks=STRATEGIES_MATRIX),
+        ("ddp_notebook", {"dataset_size": DATASET}, (0, 5)),
         # the sampler the user's loader holds, pickled with it
         pytest.param("ddp_spawn", {"dataset_size": DATASET, "loader": "distributed"}, (1, 3), marks=STRATEGIES_MATRIX),
     ],

@@ -114,20 +114,23 @@ class CountingIterable(IterableDataset):
     """An iterable-style dataset with a position it can save and restore.
 
     Read in workers, each worker's copy yields the samples ``index % num_workers == id`` (its shard) and, with
-    ``augment``, adds noise drawn from the worker's global generators.
+    ``augment``, adds noise drawn from the worker's global generators. With ``uneven`` worker ``id``'s shard ends
+    ``4 * id`` samples early, so the workers run out of data one after another.
     """
 
-    def __init__(self, size: int, stateful: bool, augment: bool = False) -> None:
+    def __init__(self, size: int, stateful: bool, augment: bool = False, uneven: bool = False) -> None:
         self.size = size
         self.position = 0
         self.augment = augment
+        self.uneven = uneven
         if stateful:
             self.state_dict = lambda: {"position": self.position}
             self.load_state_dict = lambda state: setattr(self, "position", state["position"])
 
     def __iter__(self) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         info = torch.utils.data.get_worker_info()
-        while self.position < self.size:
+        end = self.size - 4 * info.id if info is not None and self.uneven else self.size
+        while self.position < end:
             index = self.position
             self.position += 1
             if info is not None and index % info.num_workers != info.id:
@@ -202,10 +205,11 @@ class Config:
     prefetch_factor: int | None = None
     pin_memory: bool = False
     iterable_workers: int = 0  # the iterable dataset's loader reads it in this many workers (each a full copy)
+    uneven_shards: bool = False  # ... and its workers' shards have different lengths
 
     def loaders(self, model: Model) -> Any:
         if self.iterable is not None:
-            dataset = CountingIterable(self.dataset_size, self.iterable == "stateful", self.augment)
+            dataset = CountingIterable(self.dataset_size, self.iterable == "stateful", self.augment, self.uneven_shards)
             persistent = self.persistent_workers and self.iterable_workers > 0
             return DataLoader(dataset, batch_size=2, num_workers=self.iterable_workers, persistent_workers=persistent)
         if self.combined is not None:

@@ -37,6 +37,8 @@ EPOCH_START = CrashPoint("train_epoch_start", epoch=1)
 #: two train loaders with their own generators, inside a gradient accumulation group: every part of a rank's state
 TWO_LOADERS = Config(loader="sampler_generator", combined="max_size_cycle", accumulate_grad_batches=3)
 ONE_LOADER = Config(loader="sampler_generator")
+#: a dataset drawing augmentation in 2 DataLoader workers: the workers' states (their dataset copies own a generator)
+WORKERS = Config(augment=True, num_workers=2, max_epochs=2)
 STATE_KEY = "MidEpochResume"
 DAMAGED = "The checkpoint's MidEpochResume state is damaged"
 
@@ -49,6 +51,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ("two_loaders", TWO_LOADERS, CRASH),
         ("one_loader", ONE_LOADER, CRASH),
         ("epoch_start", TWO_LOADERS, EPOCH_START),  # the epoch's passes have not drawn their orders yet
+        ("workers", WORKERS, CRASH),
     ):
         directory = tmp_path_factory.mktemp(name)
         assert run(config, directory, crash=crash).crashed
@@ -95,7 +98,8 @@ def checkpoints(written: dict[str, Path]) -> dict[str, dict[str, Any]]:
     two_loaders, one_loader = load(written["two_loaders"]), load(written["one_loader"])
     two_loaders["callbacks"][STATE_KEY] = _with_two_ranks(two_loaders["callbacks"][STATE_KEY])
     one_loader["callbacks"][STATE_KEY] = _with_elastic(one_loader["callbacks"][STATE_KEY])
-    return _Quiet(two_ranks=two_loaders, elastic=one_loader)
+    workers = load(written["workers"])
+    return _Quiet(two_ranks=two_loaders, elastic=one_loader, workers=workers)
 
 
 class _Quiet(dict):  # type: ignore[type-arg]
@@ -282,6 +286,11 @@ def _restore_rank(rank_state: dict[str, Any], parameters: dict[str, torch.Tensor
     for name, grad in (rank_state["grads"] or {}).items():
         parameter = torch.zeros_like(parameters[name], requires_grad=True)
         parameter.grad = grad.to(dtype=parameter.dtype)
+    for entry in rank_state.get("workers") or []:  # what a resumed worker loads (_workers._WorkerInit)
+        for worker in [*entry["workers"], *entry.get("after_pass", [])] if entry is not None else []:
+            if worker["state"] is not None:
+                _rng.restore_global(worker["state"]["global"])
+                _restore_objects(worker["state"]["objects"])
 
 
 def _lay_out_elastic_epoch(state: dict[str, Any]) -> None:
@@ -469,6 +478,45 @@ def test_damage_is_named(states, damage, problem):
     assert raised.value.problem.startswith(problem)
     assert str(raised.value) == f"{DAMAGED}: {raised.value.problem} {V.FIX}"
     assert isinstance(raised.value, MidEpochResumeError)
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (
+            lambda e: e["workers"].pop(),
+            "`ranks[0].workers[0].workers`: expected a list of 2 items, one per worker (num_workers is 2), found a"
+            " list of 1 item.",
+        ),
+        (lambda e: e.update(num_workers=0), "`ranks[0].workers[0].num_workers`: expected an int >= 1, found an int"),
+        (
+            lambda e: e.update(next_worker=2),
+            "`ranks[0].workers[0].next_worker`: expected a worker id from 0 to 1 (num_workers is 2), found an int (2).",
+        ),
+        (
+            lambda e: e.update(after_pass=e["workers"][:1]),
+            "`ranks[0].workers[0].after_pass`: expected a list of 2 items, one per worker (num_workers is 2)",
+        ),
+        (
+            lambda e: e["workers"][1]["state"]["global"].update(torch=e["workers"][1]["state"]["global"]["torch"][:9]),
+            "`ranks[0].workers[0].workers[1].state.global.torch`: expected a uint8 tensor of shape",
+        ),
+        (lambda e: e["workers"][0].pop("seed"), "`ranks[0].workers[0].workers[0].seed`: expected an int"),
+    ],
+)
+def test_worker_damage_is_named(states, damage, problem):
+    state = copy.deepcopy(states["workers"])
+    damage(_rank_0(state)["workers"][0])
+    with pytest.raises(V.DamagedStateError) as raised:
+        V.checked(state)
+    assert raised.value.problem.startswith(problem)
+
+
+def test_more_worker_entries_than_loaders_is_damage(states):
+    state = copy.deepcopy(states["workers"])
+    _rank_0(state)["workers"].append(None)
+    with pytest.raises(V.DamagedStateError, match=re.escape("`ranks[0].workers`: expected a list of at most 1 item")):
+        V.checked(state)
 
 
 @pytest.mark.parametrize(

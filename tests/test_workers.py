@@ -8,14 +8,19 @@ larger matrix (every worker count with both worker lifetimes, every checkpoint m
 
 from __future__ import annotations
 
+import copy
+import pickle
 import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from harness import Config, CrashPoint, assert_exact, checkpoint_path, interrupt_and_resume, resume_repeatedly, run
+from harness import Config, CrashPoint, L, assert_exact, checkpoint_path, interrupt_and_resume, resume_repeatedly, run
+from lightning_midepoch import _workers as W
 
 #: 20 samples in batches of 2: 10 batches per epoch, handed to the workers in rotation; two epochs.
 AUGMENTED = Config(augment=True, num_workers=2, max_epochs=2)
@@ -157,3 +162,92 @@ def test_a_stateful_iterable_dataset_in_persistent_workers_stays_exact_in_later_
     """Persistent workers keep their dataset copies and generators into the epochs after the resumed one."""
     config = replace(ITERABLE, persistent_workers=True, max_epochs=3)
     assert_exact(interrupt_and_resume(config, CrashPoint("train_batch_end", epoch=0, batch=2), tmp_path))
+
+
+#: shards of different lengths over 3 workers (7, 5 and 4 samples): batches from workers 0 1 2 0 1 2 0 1 0
+UNEVEN = replace(ITERABLE, iterable_workers=3, uneven_shards=True)
+
+
+@pytest.mark.parametrize(
+    ("batch", "persistent"),
+    [(3, False), (7, False), (7, True)],
+    ids=["before-a-worker-runs-out", "after-a-worker-ran-out", "after-a-worker-ran-out-persistent"],
+)
+def test_workers_running_out_of_data_one_after_another_keep_the_rotation(batch, persistent, tmp_path):
+    """The DataLoader leaves a worker whose shard ran out out of its rotation: a resume does as well."""
+    config = replace(UNEVEN, persistent_workers=persistent, max_epochs=3 if persistent else 2)
+    assert_exact(interrupt_and_resume(config, CrashPoint("train_batch_end", epoch=0, batch=batch), tmp_path))
+
+
+# ---------------------------------------------------------------------------------------------- the rotation
+def _round_robin(counts: list[int], first: int) -> list[int]:
+    """The workers of a pass's batches: in turn from ``first``, leaving out those whose data ran out."""
+    left, order, worker = list(counts), [], first
+    while any(left):
+        if left[worker]:
+            order.append(worker)
+            left[worker] -= 1
+        worker = (worker + 1) % len(left)
+    return order
+
+
+class _FakeIterator:
+    """A DataLoader iterator over workers with ``counts`` batches each, reporting each batch's worker."""
+
+    def __init__(self, counts: list[int]) -> None:
+        self.order = iter(_round_robin(counts, 0))
+        self.produced = [0] * len(counts)
+        self.report: Any = None
+
+    def __next__(self) -> tuple[int, int]:
+        worker = next(self.order)
+        self.produced[worker] += 1
+        self.report(worker)
+        return worker, self.produced[worker]
+
+
+@given(
+    counts=st.lists(st.integers(0, 6), min_size=1, max_size=4),
+    first=st.integers(0, 3),
+    reported=st.booleans(),
+)
+def test_a_resumed_pass_continues_the_rotation_leaving_out_exhausted_workers(counts, first, reported):
+    first %= len(counts)
+    if not reported:  # without the workers' ids the stock rotation is assumed: exact while no worker runs out
+        counts = [max(counts)] * len(counts)
+    iterator = _FakeIterator(counts)
+    sources = bytearray()
+    rotated = W._Rotated(iterator, len(counts), first, sources, reported=reported)
+    iterator.report = rotated.arrived
+    batches = list(rotated)
+    expected = _round_robin(counts, first)
+    assert [worker for worker, _ in batches] == expected
+    assert list(sources) == expected
+    for worker in range(len(counts)):  # each worker's batches in its own order
+        assert [n for w, n in batches if w == worker] == list(range(1, counts[worker] + 1))
+
+
+# ---------------------------------------------------------------------------------------------- the user's loader
+class _CopiesTheLoader(L.Callback):
+    """Pickles and deep-copies the train loader in the middle of the fit (a user's datamodule might)."""
+
+    def __init__(self) -> None:
+        self.copies: list[Any] = []
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == 3:
+            loader = trainer.train_dataloader
+            self.copies = [pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)]
+
+
+def test_the_loader_can_be_copied_during_fit_and_is_the_users_own_again_after(tmp_path):
+    copier = _CopiesTheLoader()
+    config = replace(AUGMENTED, max_epochs=1)
+    result = run(config, tmp_path, extra_callbacks=[copier])
+    assert len(copier.copies) == 2
+    for duplicate in copier.copies:  # a copy loads every sample, in its workers
+        assert sorted(index for batch in duplicate for index in batch[0].tolist()) == list(range(config.dataset_size))
+    loader, plain = result.trainer.train_dataloader, config.make_loader(result.model)
+    assert "_get_iterator" not in vars(loader)
+    assert loader.collate_fn is plain.collate_fn
+    assert loader.worker_init_fn is None

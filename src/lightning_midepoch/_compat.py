@@ -92,6 +92,7 @@ OTHER_PRIVATE_NAMES = (
     "_ex_iterable",  # Hugging Face datasets' IterableDataset: its chain of example iterables (unsaved_buffer)
     "_get_iterator",  # torch's DataLoader: creates a new iterator (and its workers); persistent workers reuse theirs
     "_send_idx",  # torch's multi-process DataLoader iterator: the batches handed to the workers in this pass
+    "_process_data",  # ... called with each batch it returns and the id of the worker that produced it
     "_starting_state_dict",  # ... the state it loaded, applied at every pass of its epoch (forget_restored_position)
     "_combined_loader_states_to_load",  # the fit loop's stateful loader states, until it loads them
     "_load_state_dicts",  # CombinedLoader: gives its stateful loaders their states (in order)
@@ -427,19 +428,31 @@ def workers_started(loader: Any) -> bool:
     return getattr(loader, "_iterator", None) is not None
 
 
+class _IteratorCreation:
+    """A DataLoader's ``_get_iterator`` while its worker states are recorded.
+
+    A plain object, so that the loader can still be pickled or deep-copied during ``fit`` (a copy records into memory
+    of its own, which nothing reads).
+    """
+
+    def __init__(self, loader: Any, wrapper: Callable[[Callable[[], Any]], Any]) -> None:
+        self.loader, self.wrapper = loader, wrapper
+
+    def __call__(self) -> Any:
+        return self.wrapper(type(self.loader)._get_iterator.__get__(self.loader))
+
+
 def wrap_iterator_creation(loader: Any, wrapper: Callable[[Callable[[], Any]], Any]) -> None:
     """Create a DataLoader's new iterators (``iter()``, but not a persistent-workers reset) through ``wrapper``.
 
     ``wrapper(create)`` calls ``create()`` for the stock iterator, whose construction starts the workers.
     """
-    stock = getattr(type(loader), "_get_iterator", None)
-    if stock is None:
+    if getattr(type(loader), "_get_iterator", None) is None:
         raise RuntimeError(
             f"lightning-midepoch cannot record the worker states of {type(loader).__name__}: torch {torch_version()}'s"
             " DataLoader has no `_get_iterator`. Use torch>=2.1, or num_workers=0."
         )
-    create = stock.__get__(loader)
-    object.__setattr__(loader, "_get_iterator", lambda: wrapper(create))
+    object.__setattr__(loader, "_get_iterator", _IteratorCreation(loader, wrapper))
 
 
 def torch_version() -> str:
@@ -453,6 +466,29 @@ def tasks_sent(loader: Any) -> int | None:
     iterator = getattr(loader, "_iterator", None)
     sent = getattr(iterator, "_send_idx", None)
     return sent if isinstance(sent, int) else None
+
+
+def report_batch_workers(iterator: Any, report: Callable[[int], None]) -> bool:
+    """Call ``report(worker_id)`` for every batch a multi-process DataLoader iterator returns, as it returns it.
+
+    Returns:
+        False where the iterator does not name the worker of a batch (then nothing is reported).
+
+    """
+    stock = getattr(iterator, "_process_data", None)
+    try:
+        parameters = inspect.signature(stock).parameters if stock is not None else {}
+    except (TypeError, ValueError):
+        parameters = {}
+    if len(parameters) != 2:  # torch before 2.6 passes no worker id
+        return False
+
+    def process_data(data: Any, worker_id: int) -> Any:
+        report(worker_id)
+        return stock(data, worker_id)
+
+    iterator._process_data = process_data
+    return True
 
 
 def unwrap_iterator_creation(loader: Any) -> None:

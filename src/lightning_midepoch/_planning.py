@@ -66,7 +66,7 @@ class ResumePlanner:
             if continued:
                 with _rng.isolated_global():
                     self._build(fetcher, replays)
-                self.session.one_pass_positions = self.session.restored_positions()
+                self.session.resumed_pass.positions_given()
             else:
                 self._build(fetcher, replays)
             return
@@ -126,9 +126,9 @@ class ResumePlanner:
             # fetched ahead from the datasets that keep their own position; they start the next epoch where they were
             self.restorer.reload_dataset_states(rank_state)
         if not at_epoch_end and not getattr(fetcher, "batches", None):  # (a fetch ahead was isolated with the build)
-            self.session.lazy_starts = self.session.lazily_started()
+            self.session.resumed_pass.starts_mid_epoch()
         # what was restored holds for this pass only: later passes start afresh, as in the uninterrupted run
-        self.session.one_pass_positions = self.session.restored_positions()
+        self.session.resumed_pass.positions_given()
         _compat.set_batch_index(self.session.combined_loader, consumed)  # type: ignore[arg-type]
         if pulled:
             # the epoch loop adds the steps it restored to the fetcher's count; the steps pulled `consumed` batches,

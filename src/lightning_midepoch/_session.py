@@ -3,22 +3,22 @@
 The session installs the loop and fetcher overrides on its trainer (and only there), wraps the index sampler of each
 map-style train loader in a recorder, and holds what its parts share. The parts: what checkpoints save
 (:class:`~lightning_midepoch._saving.Saver`), what a resume restores (:class:`~lightning_midepoch._restoring.Restorer`)
-and where the resumed run continues (:class:`~lightning_midepoch._planning.ResumePlanner`).
+and where the resumed run continues (:class:`~lightning_midepoch._planning.ResumePlanner`); the random states inside
+DataLoader workers (:class:`~lightning_midepoch._workers.WorkerStates`) and the resumed pass of loaders that keep
+their own position (:class:`~lightning_midepoch._passes.ResumedPass`).
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-
-from lightning_midepoch import _compat, _rng, _workers
+from lightning_midepoch import _rng, _workers
 from lightning_midepoch import _state as S
 from lightning_midepoch._fetchers import _ResumableDataFetcher
 from lightning_midepoch._loops import _ResumableFitLoop, _ResumableTrainingEpochLoop
 from lightning_midepoch._mixin import mix_in, mixed_copy, unmix
 from lightning_midepoch._order import _IndexSamplerRecorder
+from lightning_midepoch._passes import ResumedPass
 from lightning_midepoch._planning import ResumePlanner
 from lightning_midepoch._restoring import Restorer
 from lightning_midepoch._saving import Saver
@@ -54,12 +54,8 @@ class _Session:
         self.trained = False  # the fit loop has set up its data: restores from now on are a tuner's, not a resume
         self.out_of_reach: dict[int, list[str]] = {}  # per loader: where the search for its generators stopped
         self.workers = _workers.WorkerStates()  # the random states inside the train loaders' worker processes
-        # datasets and loaders given a saved position for the resumed pass only (forgotten when the next one starts)
-        self.one_pass_positions: list[Any] = []
-        # the first fetch after a mid-epoch resume, where a loader that starts its iterator lazily draws a base seed
-        self.lazy_starts: list[int] = []
-        self._before_first_fetch: torch.Tensor | None = None
         # the parts
+        self.resumed_pass = ResumedPass(self)  # loaders that keep a position for one pass, or start lazily
         self.saver = Saver(self)  # what checkpoints save
         self.restorer = Restorer(self)  # what a resume restores
         self.planner = ResumePlanner(self, self.restorer)  # where the resumed run continues
@@ -122,51 +118,15 @@ class _Session:
 
     def after_fetch(self) -> None:
         """Called right after every fetch from the train loaders."""
-        if self.lazy_starts:
-            self._undo_lazy_seed_draw()
+        self.resumed_pass.after_fetch()
         self.saver.batch_started()
         self.fetching = False
 
     def before_fetch(self) -> None:
         """Called right before every fetch from the train loaders."""
         self.fetching = True
-        if self.lazy_starts:
-            self._before_first_fetch = torch.get_rng_state()
+        self.resumed_pass.before_fetch()
         self.saver.before_fetch()
-
-    def lazily_started(self) -> list[int]:
-        """The stateful loaders whose iterator starts at its first ``next()`` (its ``__iter__`` is a generator)."""
-        return [
-            index
-            for index, loader in enumerate(self.loaders)
-            if S.loader_kind(loader) == S.KIND_STATEFUL and inspect.isgeneratorfunction(type(loader).__iter__)
-        ]
-
-    def _undo_lazy_seed_draw(self) -> None:
-        """After the first fetch of a resumed epoch from a loader whose iterator starts at its first ``next()``.
-
-        Such a loader (litdata's ``StreamingDataLoader``: its ``__iter__`` is a generator) creates its DataLoader
-        iterator, which draws a base seed from torch's global generator, at its first batch: at the epoch's start in
-        the uninterrupted run, here at the batch the epoch continues with, where that run drew nothing. The draw is
-        taken back when it is all that the fetch drew; otherwise the draws cannot be told apart, which is said.
-        """
-        loaders, before = self.lazy_starts, self._before_first_fetch
-        self.lazy_starts, self._before_first_fetch = [], None
-        if before is None:  # pragma: no cover - a fetch always starts before it ends
-            return
-        after = torch.get_rng_state()
-        if torch.equal(after, _rng.after_seed_draw(before)):
-            torch.set_rng_state(before)
-        elif not torch.equal(after, before):  # (a loader with its own `generator` draws nothing from the global one)
-            _compat.warn(
-                f"Train dataloader {loaders[0]} ({type(self.loaders[loaders[0]]).__name__}) starts its iterator at"
-                " its first batch, which after this resume is inside the epoch, and that first fetch drew from"
-                " torch's global random generator beyond the iterator's base seed (the dataset, in the main process):"
-                " the random draws that follow differ from the uninterrupted run's. Load with num_workers > 0 or"
-                " draw from generators of the dataset's own to resume exactly.",
-                self.trainer,
-                self.warned,
-            )
 
     def _install_recorder(self, loader: Any) -> _IndexSamplerRecorder | None:
         if S.loader_kind(loader) != S.KIND_MAP:
@@ -193,24 +153,12 @@ class _Session:
 
     def start_epoch(self) -> None:
         """The train iterator is being created: every recorder's next pass is the epoch's first."""
-        for restored in self.one_pass_positions:
-            _compat.forget_restored_position(restored)
-        self.one_pass_positions = []
-        self.lazy_starts = []  # a new epoch's iterator: its start draws as in the uninterrupted run
+        self.resumed_pass.epoch_started()
         self.saver.iterator_started()
         self.workers.epoch_started()
         for recorder in self.recorders:
             if recorder is not None:
                 recorder.start_epoch()
-
-    def restored_positions(self) -> list[Any]:
-        """The loaders and datasets that may have been given a saved position (all but the map-style ones)."""
-        return [
-            obj
-            for loader in self.loaders
-            for obj in (loader, getattr(loader, "dataset", None))
-            if S.loader_kind(loader) != S.KIND_MAP and obj is not None
-        ]
 
 
 def _rng_roots(loader: Any, index_sampler: Any) -> dict[str, Any]:

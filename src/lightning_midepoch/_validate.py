@@ -436,7 +436,7 @@ _WORKER = Record(
     state=Optional(
         Record(
             "a worker's random states",
-            optional={"dataset": AnyDict()},
+            optional={"dataset": AnyDict(), "ended": Bool()},
             fields={"global": _GLOBAL, "objects": _OBJECTS},
         )
     ),
@@ -446,7 +446,7 @@ _WORKER = Record(
 #: A train loader's DataLoader workers' states.
 _WORKERS = Record(
     "a loader's worker states",
-    optional={"after_pass": List(_WORKER, what="one per worker")},
+    optional={"after_pass": List(_WORKER, what="one per worker"), "next_worker": Int(0)},
     num_workers=Int(1),
     workers=List(_WORKER, what="one per worker"),
 )
@@ -584,6 +584,29 @@ def _elastic_matches_loaders(state: Mapping[str, Any]) -> None:
         )
 
 
+def _workers_match_their_count(state: Mapping[str, Any]) -> None:
+    # a missing worker would start from fresh states on resume: silently inexact
+    loaders = len(state[S.KEY_LOADERS])
+    for rank, rank_state in enumerate(state[S.KEY_RANKS]):
+        entries = rank_state.get(S.KEY_WORKERS) if rank_state is not None else None
+        path = f"{S.KEY_RANKS}[{rank}].{S.KEY_WORKERS}"
+        if entries is not None and len(entries) > loaders:
+            expected = f"a list of at most {_items(loaders)}, one per train dataloader"
+            expected += f" (`{S.KEY_LOADERS}` has {loaders})"
+            raise _Damage(path, expected, describe(entries))
+        for index, entry in enumerate(entries or []):
+            if entry is None:
+                continue
+            count = entry["num_workers"]
+            for key in ("workers", "after_pass"):
+                if key in entry and len(entry[key]) != count:
+                    expected = f"a list of {_items(count)}, one per worker (num_workers is {count})"
+                    raise _Damage(f"{path}[{index}].{key}", expected, describe(entry[key]))
+            if entry.get("next_worker", 0) >= count:
+                expected = f"a worker id from 0 to {count - 1} (num_workers is {count})"
+                raise _Damage(f"{path}[{index}].next_worker", expected, describe(entry["next_worker"]))
+
+
 #: Facts that tie fields together, checked in turn once every field has the right type.
 _RULES: tuple[Callable[[Mapping[str, Any]], None], ...] = (
     _ranks_match_world_size,
@@ -591,6 +614,7 @@ _RULES: tuple[Callable[[Mapping[str, Any]], None], ...] = (
     _map_loaders_have_sizes,
     _random_orders_recorded,
     _elastic_matches_loaders,
+    _workers_match_their_count,
 )
 
 

@@ -31,6 +31,7 @@ import hashlib
 import pickle
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,8 @@ WAIT_S = 120.0
 _SEQ, _PASS, _COUNT, _SIZE = range(4)
 # fields of a worker's start record
 _SEED, _DIGEST, _STARTED = range(3)
+#: ``_STARTED`` of a worker that could not be made to end its resumed pass (see ``_end_pass``)
+_NOT_ENDED = 2
 
 #: In a worker process: the recorder of the worker's states (set by the composed ``worker_init_fn``).
 _RECORDER: _WorkerRecorder | None = None
@@ -129,12 +132,13 @@ class _WorkerRecorder:
         self.seq = 0
         self.current_pass, self.count = BEFORE_BATCHES, 0
 
-    def raw(self) -> bytes:
+    def raw(self, ended: bool = False) -> bytes:
         self.rest.take()
         torch_state = torch.default_generator.get_state().numpy().tobytes()
         objects = {path: _raw_object_state(obj) for path, obj in self.objects.items()}
         position = self.dataset.state_dict() if self.dataset is not None else None
-        return pickle.dumps((torch_state, self.rest.raw(), objects, position), protocol=pickle.HIGHEST_PROTOCOL)
+        blob = (torch_state, self.rest.raw(), objects, position, ended)
+        return pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL)
 
     def write(self, blob: bytes) -> None:
         self.seq += 1
@@ -148,12 +152,12 @@ class _WorkerRecorder:
         header[_PASS], header[_COUNT], header[_SIZE] = self.current_pass, self.count, size
         header[_SEQ] = self.seq
 
-    def batch_done(self) -> None:
+    def batch_done(self, ended: bool = False) -> None:
         current = int(self.passes[0])
         if current != self.current_pass:
             self.current_pass, self.count = current, 0
         self.count += 1
-        self.write(self.raw())
+        self.write(self.raw(ended))
 
 
 class _WorkerInit:
@@ -178,25 +182,53 @@ class _WorkerInit:
         # else (the clock, say): a resumed worker compares with what the original recorded for the same seed
         digest = int.from_bytes(hashlib.blake2b(blob, digest_size=7).digest(), "little")
         payload = self.payloads[worker_id] if self.payloads is not None and worker_id < len(self.payloads) else None
+        started = 1
         if payload is not None:
             state = payload["state"]
             _rng.restore_global(state["global"])
             _rng.restore_objects(recorder.objects, state["objects"])
             if recorder.dataset is not None and state.get("dataset") is not None:
                 recorder.dataset.load_state_dict(state["dataset"])  # before the worker starts iterating its copy
+            if recorder.dataset is not None and state.get("ended"):
+                started = 1 if _end_pass(recorder.dataset) else _NOT_ENDED
             blob = recorder.raw()
         recorder.write(blob)
         self.buffers.starts[worker_id, _SEED] = info.seed if info is not None else 0
         self.buffers.starts[worker_id, _DIGEST] = digest
-        self.buffers.starts[worker_id, _STARTED] = 1
+        self.buffers.starts[worker_id, _STARTED] = started
         _RECORDER = recorder
 
 
-class _RecordingCollate:
-    """A train loader's ``collate_fn`` while the callback is attached: the user's, then the worker's states."""
+def _end_pass(dataset: Any) -> bool:
+    """Make a worker's copy of an iterable dataset yield nothing in the resumed pass: its data had run out.
 
-    def __init__(self, inner: Callable[[Any], Any]) -> None:
+    Such a copy may have reset its position to the start when it ran out (its state then says nothing of that); the
+    uninterrupted run's worker produced no more batches in the pass. Only this worker's copy changes, for one pass:
+    its class is a subclass of its own until its next ``iter()``. Returns False where the class cannot be changed.
+    """
+    original = type(dataset)
+
+    def ended_iter(self: Any) -> Any:
+        self.__class__ = original  # the next pass (persistent workers) iterates as usual
+        return iter(())
+
+    try:
+        dataset.__class__ = type(original.__name__, (original,), {"__iter__": ended_iter})
+    except TypeError:
+        return False
+    return True
+
+
+class _RecordingCollate:
+    """A train loader's ``collate_fn`` while the callback is attached: the user's, then the worker's states.
+
+    For an iterable dataset, a batch shorter than ``batch_size`` is the worker's last of the pass (torch's fetcher
+    collates what is left when the dataset runs out): the slot says so.
+    """
+
+    def __init__(self, inner: Callable[[Any], Any], batch_size: int | None = None) -> None:
         self.inner = inner
+        self.batch_size = batch_size
 
     def __call__(self, batch: Any) -> Any:
         recorder = _RECORDER
@@ -205,19 +237,21 @@ class _RecordingCollate:
         if isinstance(batch, list) and not batch:
             return None  # an empty index list that shifts the rotation of a resumed pass: its result is dropped
         result = self.inner(batch)
-        recorder.batch_done()
+        recorder.batch_done(self.batch_size is not None and isinstance(batch, list) and len(batch) < self.batch_size)
         return result
 
 
 # ---------------------------------------------------------------------------------------------- in the main process
 def _decode(blob: bytes) -> dict[str, Any]:
     """A slot's states in the checkpoint's form (``{"global": ..., "objects": ...}``, weights-only safe)."""
-    torch_state, rest, objects, position = pickle.loads(blob)  # written by this package's own workers
+    torch_state, rest, objects, position, ended = pickle.loads(blob)  # written by this package's own workers
     global_state = {"torch": torch.frombuffer(bytearray(torch_state), dtype=torch.uint8), **_rawstate.decode(rest)}
     rebuilt = {path: _object_from_raw(kind, raw) for path, (kind, raw) in objects.items()}
     state = {"global": global_state, "objects": _rng.capture_objects(rebuilt)}
     if position is not None:
         state["dataset"] = position
+    if ended:
+        state["ended"] = True
     return state
 
 
@@ -227,19 +261,30 @@ def saves_position(dataset: Any) -> bool:
 
 
 class _Rotated:
-    """The resumed pass of an iterable dataset read in workers, its batches in the uninterrupted run's rotation.
+    """An iterable dataset's pass read in workers: each batch's worker written down, the resumed pass's rotation kept.
 
-    A new iterator takes its first batch from worker 0, but the uninterrupted run's next batch came from worker
-    ``first``: batches read from the workers before their turn wait here (at most one per worker). Anything else is
-    the DataLoader iterator's; its reset (persistent workers, next epoch) ends the rotation.
+    The DataLoader iterator takes batches from its workers in turn, starting at worker 0, and leaves a worker out of
+    the rotation once its copy of the dataset is exhausted (shards of different lengths). The worker that produced
+    each batch is reported by the iterator (:func:`_compat.report_batch_workers`; without it the stock rotation is
+    assumed) and appended to ``sources``, which is how a checkpoint knows each worker's share of the consumed batches.
+
+    A resumed pass continues the uninterrupted run's rotation at worker ``first``: batches read from the workers
+    before their turn wait here (a few per worker). When a worker's turn comes but the iterator went round its
+    workers without it (another worker's batch arrives while one of that worker's waits), its data ran out: the
+    rotation leaves it out, as the uninterrupted run did. The iterator's reset (persistent workers, next epoch) starts
+    the stock rotation again.
     """
 
-    def __init__(self, iterator: Any, workers: int, first: int) -> None:
+    def __init__(self, iterator: Any, workers: int, first: int | None, sources: bytearray, reported: bool) -> None:
         self._midepoch_iterator = iterator
         self._midepoch_workers = workers
-        self._midepoch_turn: int | None = first  # the worker whose batch comes next; None: no rotation any more
-        self._midepoch_read = 0  # batches read from the iterator: its batch p came from worker p % workers
-        self._midepoch_waiting: dict[int, Any] = {}
+        self._midepoch_turn = first  # the worker whose batch comes next; None: the stock rotation
+        self._midepoch_sources = sources
+        self._midepoch_reported = reported
+        self._midepoch_from = 0  # the worker of the batch the iterator returned last (reported)
+        self._midepoch_read = 0  # batches read from the iterator in this pass
+        self._midepoch_waiting: dict[int, deque[Any]] = {}
+        self._midepoch_ended: set[int] = set()  # workers whose data ran out in this pass
 
     def __iter__(self) -> _Rotated:
         return self
@@ -251,26 +296,54 @@ class _Rotated:
         return getattr(self._midepoch_iterator, name)
 
     def _reset(self, *args: Any, **kwargs: Any) -> Any:
-        self._midepoch_turn = None
+        self._midepoch_turn, self._midepoch_read = None, 0
+        self._midepoch_waiting, self._midepoch_ended = {}, set()
         return self._midepoch_iterator._reset(*args, **kwargs)
+
+    def arrived(self, worker: int) -> None:
+        self._midepoch_from = worker
+
+    def _read(self) -> tuple[int, Any]:
+        batch = next(self._midepoch_iterator)
+        worker = self._midepoch_from if self._midepoch_reported else self._midepoch_read % self._midepoch_workers
+        self._midepoch_read += 1
+        return worker, batch
+
+    def _after(self, worker: int) -> int:
+        """The worker after ``worker`` in the rotation (one whose data has not run out, if any)."""
+        workers = self._midepoch_workers
+        for step in range(1, workers + 1):
+            candidate = (worker + step) % workers
+            if candidate not in self._midepoch_ended:
+                return candidate
+        return (worker + 1) % workers
+
+    def _first_waiting(self, turn: int) -> int:
+        workers = self._midepoch_workers
+        for step in range(workers):
+            if self._midepoch_waiting.get((turn + step) % workers):
+                return (turn + step) % workers
+        raise StopIteration
 
     def __next__(self) -> Any:
         turn = self._midepoch_turn
         if turn is None:
-            return next(self._midepoch_iterator)
+            worker, batch = self._read()
+            self._midepoch_sources.append(worker)
+            return batch
         waiting = self._midepoch_waiting
         try:
-            while turn not in waiting:
-                worker = self._midepoch_read % self._midepoch_workers
-                waiting[worker] = next(self._midepoch_iterator)
-                self._midepoch_read += 1
+            while not waiting.get(turn):
+                worker, batch = self._read()
+                if worker != turn and waiting.get(worker):
+                    self._midepoch_ended.add(turn)
+                    turn = self._after(turn)
+                waiting.setdefault(worker, deque()).append(batch)
         except StopIteration:
-            if not waiting:
-                raise
-            after = turn
-            turn = min(waiting, key=lambda worker: (worker - after) % self._midepoch_workers)
-        self._midepoch_turn = (turn + 1) % self._midepoch_workers
-        return waiting.pop(turn)
+            turn = self._first_waiting(turn)  # every worker's data ran out: the rest in the rotation's order
+        self._midepoch_turn = self._after(turn)
+        self._midepoch_sources.append(turn)
+        return waiting[turn].popleft()
 
 
 def worker_batches(start: int, end: int, worker: int, workers: int) -> int:
@@ -305,13 +378,16 @@ class LoaderWorkers:
         self.iterable = saves_position(loader.dataset)
         self.rotate_from: int | None = None  # an iterable's resumed iterator: the worker its first batch comes from
         self.next_pass_start = 0  # an iterable's next pass starts here (its resumed pass: the first batch not consumed)
+        self.pass_turn = 0  # an iterable's current pass: the worker its first batch came from
+        self.sources = bytearray()  # an iterable's current pass: the worker of each batch, in the order returned
         self.prefix = 0  # empty index lists the next pass yields first
         self.shifted = 0  # ... and those the current pass yielded
         self.buffers = _Buffers.allocate(self.workers, self.slots, self.capacity, self.current_pass)
         self.originals = (loader.worker_init_fn, loader.collate_fn)
         self.init = _WorkerInit(loader.worker_init_fn, self.buffers)
         loader.worker_init_fn = self.init
-        loader.collate_fn = _RecordingCollate(loader.collate_fn)
+        batch_size = loader.batch_size if self.iterable and not loader.drop_last else None
+        loader.collate_fn = _RecordingCollate(loader.collate_fn, batch_size)
         _compat.wrap_iterator_creation(loader, self._new_iterator)
 
     def detach(self) -> None:
@@ -324,17 +400,23 @@ class LoaderWorkers:
         self.buffers = _Buffers.allocate(self.workers, self.slots, self.capacity, self.current_pass)
         self.init.buffers = self.buffers
         iterator = create()
+        if self.iterable:
+            first, self.rotate_from = self.rotate_from, None
+            rotated = _Rotated(iterator, self.workers, first, self.sources, reported=False)
+            rotated._midepoch_reported = _compat.report_batch_workers(iterator, rotated.arrived)
+            return rotated
         dropped, self.dropped = self.dropped, 0
         for _ in range(dropped):
             next(iterator)
-        first, self.rotate_from = self.rotate_from, None
-        return _Rotated(iterator, self.workers, first) if first else iterator
+        return iterator
 
     def pass_started(self, skip: int) -> int:
         """At the first index of a pass (no worker has work then): number it; returns the empty lists to yield first."""
         self.current_pass += 1
         self.buffers.passes[0] = self.current_pass
         self.pass_start = skip
+        self.pass_turn = self.rotate_from or 0
+        del self.sources[:]
         prefix, self.prefix = self.prefix, 0
         self.shifted = prefix
         return prefix
@@ -349,13 +431,17 @@ class LoaderWorkers:
         """
         workers = []
         for worker in range(self.workers):
-            batches = worker_batches(self.pass_start, consumed, worker, self.workers)
+            batches = self._batches_of(worker, consumed)
             blob = self._wait_for(worker, batches)
             seed, digest, _ = self.buffers.starts[worker].tolist()
             workers.append(
                 {"state": _decode(blob) if blob is not None else None, "seed": int(seed), "init_digest": int(digest)}
             )
         state: dict[str, Any] = {"num_workers": self.workers, "workers": workers}
+        if self.iterable:
+            taken = consumed - self.pass_start
+            last = self.sources[taken - 1] if 0 < taken <= len(self.sources) else None
+            state["next_worker"] = (last + 1) % self.workers if last is not None else self.pass_turn
         sent = _compat.tasks_sent(self.loader) if pass_ended and self.loader.persistent_workers else None
         if sent is not None and not self.iterable:
             end = self.pass_start + sent - self.shifted
@@ -369,6 +455,12 @@ class LoaderWorkers:
                     for entry, blob in zip(workers, after)
                 ]
         return state
+
+    def _batches_of(self, worker: int, consumed: int) -> int:
+        """How many of its batches in the current pass ``worker`` produced for the first ``consumed`` batches."""
+        if self.iterable:  # the rotation leaves out workers whose data ran out: the batches' workers are known
+            return self.sources.count(worker, 0, max(consumed - self.pass_start, 0))
+        return worker_batches(self.pass_start, consumed, worker, self.workers)
 
     def _find(self, worker: int, batches: int) -> bytes | bool | None:
         """The slot after ``batches`` batches of the current pass (0: the latest before it).
@@ -423,7 +515,8 @@ class LoaderWorkers:
             if not continues_pass:
                 return "its dataset's position at the end of an epoch is not recorded (it is read in workers)"
             self.init.payloads = list(saved["workers"])
-            self.rotate_from, self.next_pass_start = shift, skip
+            # written by 0.3.0 and later; before, the stock rotation was assumed
+            self.rotate_from, self.next_pass_start = saved.get("next_worker", shift), skip
             return None
         if shift and self.loader.batch_sampler is None:
             return "it has no batch sampler (batch_size=None), so its resumed batches cannot go to the same workers"
@@ -442,6 +535,11 @@ class LoaderWorkers:
             time.sleep(0.001)
         for worker, payload in enumerate(payloads):
             seed, digest, started = starts[worker].tolist()
+            if started == _NOT_ENDED:
+                return (
+                    f"its worker {worker}'s data had run out in this epoch, and the copy of the dataset in the resumed"
+                    " worker cannot be kept from iterating again (its class cannot be changed)"
+                )
             if payload is not None and started and seed == payload["seed"] and digest != payload["init_digest"]:
                 return (
                     f"its worker_init_fn left worker {worker} in other random states than the original worker's with"

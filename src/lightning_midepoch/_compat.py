@@ -476,11 +476,13 @@ def report_batch_workers(iterator: Any, report: Callable[[int], None]) -> bool:
 
     """
     stock = getattr(iterator, "_process_data", None)
+    if stock is None:
+        return False
     try:
-        parameters = inspect.signature(stock).parameters if stock is not None else {}
+        parameters = inspect.signature(stock).parameters
     except (TypeError, ValueError):
-        parameters = {}
-    if len(parameters) != 2:  # torch before 2.6 passes no worker id
+        return False
+    if len(parameters) != 2:  # an older torch passes no worker id
         return False
 
     def process_data(data: Any, worker_id: int) -> Any:

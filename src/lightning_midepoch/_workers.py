@@ -247,7 +247,7 @@ def _decode(blob: bytes) -> dict[str, Any]:
     torch_state, rest, objects, position, ended = pickle.loads(blob)  # written by this package's own workers
     global_state = {"torch": torch.frombuffer(bytearray(torch_state), dtype=torch.uint8), **_rawstate.decode(rest)}
     rebuilt = {path: _object_from_raw(kind, raw) for path, (kind, raw) in objects.items()}
-    state = {"global": global_state, "objects": _rng.capture_objects(rebuilt)}
+    state: dict[str, Any] = {"global": global_state, "objects": _rng.capture_objects(rebuilt)}
     if position is not None:
         state["dataset"] = position
     if ended:

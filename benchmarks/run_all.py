@@ -14,6 +14,7 @@ import time
 from importlib.metadata import version
 from typing import Any
 
+import bench_lockstep
 import bench_overhead
 import bench_resume
 import bench_size_memory
@@ -68,6 +69,15 @@ def headline(results: dict[str, Any]) -> list[str]:
             f"Callback: {cpu['median_control_ratio']:.3f} (CPU)."
         )
     lines.append(f"- {bench_overhead.projection(results['overhead'])}")
+    for setting in results["lockstep"]:
+        ours, base = setting[bench_lockstep.OURS], setting["median_step_s"][bench_lockstep.BASELINE]
+        low, high = ours["interval_s"]
+        lines.append(
+            f"- Steady-state overhead in lock step, {setting['model']}: {ours['median_difference_s'] * 1e6:+.1f} µs "
+            f"per step (95%: {low * 1e6:+.1f} to {high * 1e6:+.1f}), {ours['median_difference_s'] / base:+.2%} of its "
+            f"{base * 1e3:.2f} ms step."
+        )
+    lines.append(f"- {bench_lockstep.projection(results['lockstep'])}")
     sizes = [row["state_bytes"] for row in results["size_memory"]["state_size"]]
     memory = results["size_memory"]["memory"]
     lines.append(
@@ -118,6 +128,8 @@ def summary(results: dict[str, Any], sections: dict[str, str], runtime_s: float)
             "## 2. Steady-state overhead",
             sections["overhead"],
             "![overhead](overhead.png)",
+            "### In lock step: the arms take turns one step at a time",
+            sections["lockstep"],
             "## 3. Checkpoint size and memory",
             sections["size_memory"],
             "## 4. DataLoader workers: recording their random states",
@@ -135,6 +147,7 @@ def main() -> None:
     modules = (
         ("resume", bench_resume),
         ("overhead", bench_overhead),
+        ("lockstep", bench_lockstep),
         ("size_memory", bench_size_memory),
         ("workers", bench_workers),
     )

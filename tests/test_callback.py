@@ -12,6 +12,7 @@ import textwrap
 import warnings
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import pytest
@@ -19,11 +20,13 @@ import torch
 from lightning.pytorch.loops.fetchers import _DataFetcher, _PrefetchDataFetcher
 from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+from torch.utils.data import DataLoader
 
 from harness import (
     Comparison,
     Config,
     CrashPoint,
+    IndexedDataset,
     Model,
     assert_exact,
     checkpoint_path,
@@ -58,6 +61,39 @@ def test_invisible_in_an_uninterrupted_run(config, tmp_path):
     assert torch.equal(with_callback.rng["torch"], without.rng["torch"])
     assert (with_callback.rng["numpy"] == without.rng["numpy"]).all()
     assert with_callback.rng["python"] == without.rng["python"]
+
+
+class _Batches:
+    """An iterable of ready batches with a length, not a DataLoader."""
+
+    def __init__(self, batches: list[Any]) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Any:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+@pytest.mark.parametrize("kind", ["sized", "generator"])
+def test_invisible_with_a_train_loader_that_is_not_a_dataloader(kind, tmp_path):
+    """Lightning trains on any iterable of batches (found by Lightning's own tests with the callback attached)."""
+    batches = list(DataLoader(IndexedDataset(12), batch_size=2))
+
+    def loader() -> Any:
+        return _Batches(batches) if kind == "sized" else (batch for batch in batches)
+
+    def use_loader(trainer: L.Trainer, model: L.LightningModule) -> None:
+        model.train_dataloader = loader  # type: ignore[method-assign]
+
+    config = Config(max_epochs=1)
+    with_callback = run(config, tmp_path / "with", callback=True, before_fit=use_loader)
+    without = run(config, tmp_path / "without", callback=False, before_fit=use_loader)
+    assert len(with_callback.seen) == len(batches)
+    assert with_callback.seen == without.seen
+    for expected, actual in zip(without.model.parameters(), with_callback.model.parameters()):
+        assert torch.equal(expected, actual)
 
 
 def _resume_warnings(tmp_path, callback: bool) -> list[str]:

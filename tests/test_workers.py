@@ -251,3 +251,20 @@ def test_the_loader_can_be_copied_during_fit_and_is_the_users_own_again_after(tm
     assert "_get_iterator" not in vars(loader)
     assert loader.collate_fn is plain.collate_fn
     assert loader.worker_init_fn is None
+
+
+@pytest.mark.parametrize(
+    "crash",
+    [CrashPoint("train_epoch_end", epoch=0), CrashPoint("train_epoch_start", epoch=1)],
+    ids=["epoch-end", "next-epoch-start"],
+)
+def test_an_iterable_dataset_in_persistent_workers_checkpointed_after_an_epoch_warns(crash, tmp_path):
+    """Its workers' copies are not recorded at a pass's end: the resume says so (fresh workers are exact)."""
+    persistent = replace(ITERABLE, persistent_workers=True, max_epochs=3)
+    messages, _ = _resume_warnings(persistent, persistent, tmp_path / "persistent", crash)
+    expected = "Train dataloader 0 reads an IterableDataset (CountingIterable) in persistent worker processes"
+    assert len([m for m in messages if expected in m]) == 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert_exact(interrupt_and_resume(replace(ITERABLE, max_epochs=3), crash, tmp_path / "fresh"))
+    assert not [warning for warning in caught if "worker process" in str(warning.message)]

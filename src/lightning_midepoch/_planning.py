@@ -52,6 +52,8 @@ class ResumePlanner:
         # epoch loop starts another one after on_train_epoch_start, and that one draws the epoch's order
         recorded_here = epoch == 0 and any(record is not None and record["epoch"] == epoch for record in records)
         starts_epoch = new_epoch and consumed == 0 and not recorded_here
+        if starts_epoch or fit_loop.restarted_on_epoch_end:
+            self._warn_iterables_in_reused_workers(epoch + (0 if starts_epoch else 1))
         if self.loaded is None and not self.restorer.discarded and not (self.restorer.entry_found and starts_epoch):
             # (an entry that recorded nothing comes from a trainer that had not trained: nothing was lost)
             self._warn_stock_checkpoint()
@@ -170,17 +172,38 @@ class ResumePlanner:
         A new iterator draws a worker base seed from the process-wide generator; resetting persistent workers does
         not. Those loaders keep the live states still across that draw.
         """
+        return [index for index in self._reused_workers(epoch) if self.session.recorders[index] is not None]
+
+    def _reused_workers(self, epoch: int) -> list[int]:
+        """Loaders whose persistent workers the uninterrupted run reused at this epoch's start."""
         n = _compat.reload_every_n_epochs(self.trainer)
         created_at = epoch - epoch % n if n else 0  # when the uninterrupted run last created the loader
         return [
             index
-            for index, (loader, recorder) in enumerate(zip(self.session.loaders, self.session.recorders))
-            if recorder is not None
+            for index, loader in enumerate(self.session.loaders)
+            if isinstance(getattr(loader, "num_workers", None), int)
             and loader.num_workers > 0
             and loader.persistent_workers
             and not _compat.workers_started(loader)
             and epoch > created_at
         ]
+
+    def _warn_iterables_in_reused_workers(self, epoch: int) -> None:
+        """An iterable dataset's persistent workers are not recorded at a pass's end: say what that changes."""
+        for index in self._reused_workers(epoch):
+            if index not in self.session.workers.loaders or self.session.recorders[index] is not None:
+                continue
+            name = type(self.session.loaders[index].dataset).__name__
+            _compat.warn(
+                f"Train dataloader {index} reads an IterableDataset ({name}) in persistent worker processes, and the"
+                " checkpoint was written after the last batch of an epoch: the workers' copies of the dataset and"
+                " their random states at the end of that pass are not recorded, so the next epoch starts new workers"
+                " with fresh copies, and the random draws from here on (in the workers, and in the main process,"
+                " which draws the new workers' seed) differ from the uninterrupted run's. A checkpoint written before"
+                " the epoch's last batch is finished continues them exactly.",
+                self.trainer,
+                self.session.warned,
+            )
 
     def _build(self, fetcher: _DataFetcher, replays: Mapping[int, _Replay]) -> None:
         """Create the train iterator with the given loaders armed to replay."""

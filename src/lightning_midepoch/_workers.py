@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lightning_midepoch import _compat, _rawstate, _rng
 from lightning_midepoch import _state as S
@@ -558,6 +558,8 @@ class WorkerStates:
         """Record the workers of every map-style train loader that has them (its index sampler is recorded)."""
         self.detach()
         for index, (loader, recorder) in enumerate(zip(loaders, recorders)):
+            if not isinstance(loader, DataLoader):  # a list of batches, a generator: nothing runs in workers
+                continue
             iterable = recorder is None and S.loader_kind(loader) == S.KIND_ITERABLE and saves_position(loader.dataset)
             if (recorder is not None or iterable) and loader.num_workers > 0:
                 workers = LoaderWorkers(index, loader)

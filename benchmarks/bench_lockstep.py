@@ -1,0 +1,224 @@
+"""Benchmark 2b: the callback's steady-state cost per step, the arms trained in lock step.
+
+On a shared machine the speed of the CPU drifts by tens of percent from one second to the next, far more than the
+1% this benchmark looks for; runs of the arms one after another (``bench_overhead``) see that drift as noise. Here
+the three arms (no callback, an empty ``Callback``, ``MidEpochResume``) train at the same time, each in a thread of
+its own, and take turns one step at a time: a step of each arm, then of each arm again, the order rotating from
+turn to turn (ABC, BCA, CAB, ...). Only one thread runs at any moment (the others wait for their turn), so a step is
+timed in its thread's CPU time, from one ``on_train_batch_start`` to the next (the step and the next batch's fetch,
+where the callback's per-batch work happens). Steps of the three arms in the same turn ran within milliseconds of
+each other: their differences cancel the drift. Reported per model: each arm's median step, and for
+``MidEpochResume`` and the empty ``Callback`` against no callback the median of the per-turn differences, with a 95%
+confidence interval (from the order statistics of the differences). The goal is under 1% of the step.
+Run alone: ``python benchmarks/bench_lockstep.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any
+
+import lightning as L
+from _common import collect_garbage, freeze_heap, make_trainer, median, progress, table
+from bench_overhead import ARMS, BASELINE, CONTROL, GOAL_OVERHEAD, MLP, OURS, WARMUP_STEPS, Setting
+
+from lightning_midepoch import MidEpochResume
+
+#: The models timed (num_workers=0: the whole step runs in the arm's thread), and the steps measured per arm.
+SETTINGS = (
+    Setting((128, 256, 256, 10), num_workers=0, measured_steps=1500),
+    Setting((8, 8), num_workers=0, measured_steps=3000),
+)
+
+
+class _Relay:
+    """Lets one arm's thread run at a time, a step each in turn, and times every step in its thread's CPU time."""
+
+    def __init__(self, arms: tuple[str, ...]) -> None:
+        self.arms = arms
+        self.turn_events = {arm: threading.Event() for arm in arms}
+        self.started: dict[str, float | None] = {arm: None for arm in arms}
+        self.steps: dict[str, list[float]] = {arm: [] for arm in arms}
+        self.running = list(arms)
+        self.turn = 0  # turns completed
+        self.queue: list[str] = []
+        self.barrier = threading.Barrier(len(arms))  # the timed steps start when every arm has warmed up
+
+    def _next(self) -> None:
+        """Wake the arm whose step comes next (a new turn when every running arm had one)."""
+        if not self.running:
+            return
+        if not self.queue:
+            rotation = self.turn % len(self.running)
+            self.queue = self.running[rotation:] + self.running[:rotation]
+            self.turn += 1
+        self.turn_events[self.queue.pop(0)].set()
+
+    def wait_for_turn(self, arm: str) -> None:
+        event = self.turn_events[arm]
+        event.wait()
+        event.clear()
+
+    def start(self, arm: str) -> None:
+        """After the arm's warm-up: wait for the others, then for the arm's first turn."""
+        if self.barrier.wait() == 0:
+            self._next()
+        self.wait_for_turn(arm)
+        self.started[arm] = time.thread_time()
+
+    def step_boundary(self, arm: str) -> None:
+        """At ``on_train_batch_start``: the step since the previous one is done; let the next arm run."""
+        now = time.thread_time()
+        started = self.started[arm]
+        if started is not None:
+            self.steps[arm].append(now - started)
+        self._next()
+        self.wait_for_turn(arm)
+        self.started[arm] = time.thread_time()
+
+    def finished(self, arm: str) -> None:
+        """At the end of the arm's fit (or its failure): the arm leaves the turns."""
+        now = time.thread_time()
+        started = self.started[arm]
+        if started is not None:
+            self.steps[arm].append(now - started)
+        self.started[arm] = None
+        self.running.remove(arm)
+        self.queue = [queued for queued in self.queue if queued != arm]
+        self._next()
+
+
+class _Turns(L.Callback):
+    """One arm's side of the relay (only steps after the warm-up are timed)."""
+
+    def __init__(self, relay: _Relay, arm: str) -> None:
+        self.relay, self.arm = relay, arm
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step < WARMUP_STEPS:
+            return
+        if trainer.global_step == WARMUP_STEPS:
+            self.relay.start(self.arm)
+            return
+        self.relay.step_boundary(self.arm)
+
+
+def _timed_steps(relay: _Relay, setting: Setting) -> None:
+    errors: list[BaseException] = []
+
+    def train(arm: str) -> None:
+        L.seed_everything(0, verbose=False)
+        model = MLP(setting)
+        extra = {BASELINE: [], CONTROL: [L.Callback()], OURS: [MidEpochResume()]}[arm]
+        trainer = make_trainer([*extra, _Turns(relay, arm)], max_steps=WARMUP_STEPS + setting.measured_steps + 1)
+        try:
+            trainer.fit(model)
+        except BaseException as error:  # reported after the other arms finished
+            errors.append(error)
+            relay.barrier.abort()  # an arm that failed before its timed steps: the others stop waiting for it
+        finally:
+            relay.finished(arm)
+
+    threads = [threading.Thread(target=train, args=(arm,), name=arm) for arm in ARMS]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
+def _median_interval(values: list[float]) -> tuple[float, float, float]:
+    """The median of ``values`` and a 95% confidence interval for it (order statistics, normal approximation)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    half_width = 1.96 * math.sqrt(n) / 2
+    low, high = max(int(n / 2 - half_width), 0), min(math.ceil(n / 2 + half_width), n - 1)
+    return median(ordered), ordered[low], ordered[high]
+
+
+def measure(setting: Setting) -> dict[str, Any]:
+    progress(f"lock step: {setting.title}, {setting.measured_steps} steps per arm, {len(ARMS)} arms in turn")
+    collect_garbage()
+    freeze_heap()
+    relay = _Relay(ARMS)
+    _timed_steps(relay, setting)
+    count = min(len(steps) for steps in relay.steps.values())
+    steps = {arm: values[:count] for arm, values in relay.steps.items()}
+    result: dict[str, Any] = {
+        "model": setting.title,
+        "features": list(setting.features),
+        "steps_per_arm": count,
+        "median_step_s": {arm: median(values) for arm, values in steps.items()},
+    }
+    for arm in (OURS, CONTROL):
+        differences = [ours - base for ours, base in zip(steps[arm], steps[BASELINE])]
+        middle, low, high = _median_interval(differences)
+        result[arm] = {"median_difference_s": middle, "interval_s": [low, high]}
+    return result
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    header = [
+        "model",
+        "steps per arm",
+        *(f"{arm}: median step" for arm in ARMS),
+        "MidEpochResume minus none, per step (95% interval)",
+        "share of the step",
+        "empty Callback minus none (95% interval)",
+        f"goal < {GOAL_OVERHEAD:.0%}",
+    ]
+    rows = []
+    for result in results:
+        base = result["median_step_s"][BASELINE]
+        ours, control = result[OURS], result[CONTROL]
+        share = ours["median_difference_s"] / base
+        rows.append(
+            [
+                result["model"],
+                result["steps_per_arm"],
+                *(f"{result['median_step_s'][arm] * 1e3:.3f} ms" for arm in ARMS),
+                f"{ours['median_difference_s'] * 1e6:+.1f} µs ({ours['interval_s'][0] * 1e6:+.1f} … "
+                f"{ours['interval_s'][1] * 1e6:+.1f})",
+                f"{share:+.2%}",
+                f"{control['median_difference_s'] * 1e6:+.1f} µs ({control['interval_s'][0] * 1e6:+.1f} … "
+                f"{control['interval_s'][1] * 1e6:+.1f})",
+                "met" if share < GOAL_OVERHEAD else "**not met**",
+            ]
+        )
+    return (
+        "The arms train at the same time, in threads that take turns one step at a time (the order rotating from "
+        "turn to turn), so that the drift of a shared machine's speed cancels in the differences between steps of "
+        f"the same turn; a step is timed in its thread's CPU time, {WARMUP_STEPS} warm-up steps per arm first. "
+        "num_workers=0: the whole step runs in the arm's thread.\n\n"
+        + table(header, rows)
+        + "\n\n"
+        + projection(results)
+    )
+
+
+def projection(results: list[dict[str, Any]]) -> str:
+    """The near-empty step's added time as a share of the MLP's step."""
+    added = results[-1][OURS]["median_difference_s"]
+    high = results[-1][OURS]["interval_s"][1]
+    step = results[0]["median_step_s"][BASELINE]
+    return (
+        f"Lock-step projection: the time added per step where it is measured most precisely ({results[-1]['model']}),"
+        f" {added * 1e6:.1f} µs (at most {high * 1e6:.1f} µs at 95%), is {added / step:.2%} (at most "
+        f"{high / step:.2%}) of the {results[0]['model']} step ({step * 1e3:.2f} ms); goal < {GOAL_OVERHEAD:.0%}: "
+        f"{'met' if high / step < GOAL_OVERHEAD else 'not met'}."
+    )
+
+
+def run() -> dict[str, Any]:
+    results = [measure(setting) for setting in SETTINGS]
+    return {"markdown": {"lockstep": markdown(results)}, "json": results, "plots": []}
+
+
+if __name__ == "__main__":
+    from _common import setup_process
+
+    setup_process()
+    print(run()["markdown"]["lockstep"])

@@ -63,7 +63,7 @@ TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 
 test: venv  ## every test, with branch coverage of src/ (at least 90%, enforced)
-	$(BIN)/python -m pytest src/lightning_midepoch tests $(XDIST) --cov --cov-report=term-missing -p no:cacheprovider \
+	$(BIN)/python -m pytest src/lightning_midepoch tests $(XDIST) --cov --cov-report=term-missing -p no:cacheprovider --durations=15 \
 		-m "not workers_matrix"
 
 test-workers: venv  ## the larger DataLoader-worker matrix of tests/test_workers.py (every worker count and moment)
@@ -88,10 +88,10 @@ $(COMPAT_STAMP): requirements/compat.txt requirements/torch-ci.txt pyproject.tom
 	touch $(COMPAT_STAMP)
 
 # What `make compat` runs (`make test` runs everything on the pinned Lightning). On the oldest supported Lightning:
-# every single-process resume test, and of the 2-process DDP tests (each about half a minute) one resume, one
-# checkpoint written during an exception and one elastic resume. In the pytorch_lightning namespace: the sampler and
-# checkpoint-moment matrices and the legacy checkpoints.
-COMPAT_SELECT ?= not test_distributed or injected or during_an_exception or elastic_resume_twice
+# every single-process resume test, and of the 2-process DDP tests (each about half a minute) one resume and one
+# checkpoint written during an exception. In the pytorch_lightning namespace: the sampler and checkpoint-moment
+# matrices and the legacy checkpoints.
+COMPAT_SELECT ?= not test_distributed or injected or during_an_exception
 NAMESPACE_SELECT ?= test_samplers or test_checkpoint_written_in_any_hook or test_validation or legacy
 
 compat: venv $(COMPAT_STAMP)  ## the Trainer-level resume tests on the oldest supported Lightning and on pytorch_lightning
@@ -101,9 +101,10 @@ compat: venv $(COMPAT_STAMP)  ## the Trainer-level resume tests on the oldest su
 	MIDEPOCH_TEST_NAMESPACE=pytorch_lightning $(BIN)/python -m pytest tests/test_loops.py tests/test_legacy.py \
 		-k "$(NAMESPACE_SELECT)" $(XDIST) -q -p no:cacheprovider
 
-# The heavier multi-process strategy cases (2 gloo processes each; `make test` runs one case of each strategy): ddp_fork,
-# ddp_notebook at an epoch's last batch, ddp_spawn with the user's own DistributedSampler, FSDP with DataLoader workers
-# at an epoch's last batch. About 4 minutes on two idle cores; not called by .ci/run (see the report in docs).
+# The heavier multi-process strategy cases (2 gloo processes each; `make test` runs one case of each strategy):
+# ddp_spawn with the user's own DistributedSampler, FSDP with DataLoader workers at an epoch's last batch, and a
+# SubsetRandomSampler with its own generator under DDP (`make test` runs the WeightedRandomSampler one). About 4
+# minutes on two idle cores; not called by .ci/run (see the report in docs).
 strategies: venv  ## the heavier strategy cases: fork launchers, spawn, FSDP (tests marked strategies_matrix)
 	MIDEPOCH_STRATEGIES_MATRIX=1 $(BIN)/python -m pytest tests/test_distributed.py -m strategies_matrix $(XDIST) -q \
 		-p no:cacheprovider --durations=0

@@ -9,7 +9,9 @@ timed in its thread's CPU time, from one ``on_train_batch_start`` to the next (t
 where the callback's per-batch work happens). Steps of the three arms in the same turn ran within milliseconds of
 each other: their differences cancel the drift. Reported per model: each arm's median step, and for
 ``MidEpochResume`` and the empty ``Callback`` against no callback the median of the per-turn differences, with a 95%
-confidence interval (from the order statistics of the differences). The goal is under 1% of the step.
+confidence interval (from the order statistics of the differences). The goal is under 1% of the step. Each step
+runs after another arm's, in caches that arm filled, which costs more the more code a step runs: this measure leans
+high, an upper bound for steps that follow each other as in a real run.
 Run alone: ``python benchmarks/bench_lockstep.py``.
 """
 
@@ -192,7 +194,9 @@ def markdown(results: list[dict[str, Any]]) -> str:
         "The arms train at the same time, in threads that take turns one step at a time (the order rotating from "
         "turn to turn), so that the drift of a shared machine's speed cancels in the differences between steps of "
         f"the same turn; a step is timed in its thread's CPU time, {WARMUP_STEPS} warm-up steps per arm first. "
-        "num_workers=0: the whole step runs in the arm's thread.\n\n"
+        "num_workers=0: the whole step runs in the arm's thread. Each step starts after another arm's step, with "
+        "caches that arm has filled: a cost that grows with the code a step runs, so this measure leans high (an upper "
+        "bound for consecutive steps), while its differences are far steadier than those of whole runs.\n\n"
         + table(header, rows)
         + "\n\n"
         + projection(results)

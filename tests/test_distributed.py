@@ -84,6 +84,16 @@ def _assert_same_continuation(full, interrupted, resumed) -> None:
     _assert_same_end(full, resumed)
 
 
+# The heavier multi-process cases, skipped by `make test` and run by `make strategies` (marked `strategies_matrix`):
+# an explicit sampler under `ddp_spawn`, FSDP with worker processes at an epoch's end, a Subset sampler under DDP.
+STRATEGIES_MATRIX = [
+    pytest.mark.strategies_matrix,
+    pytest.mark.skipif(
+        not os.environ.get("MIDEPOCH_STRATEGIES_MATRIX"), reason="a heavier case: `make strategies` runs it"
+    ),
+]
+
+
 @pytest.mark.parametrize(
     ("config", "crash"),
     [
@@ -97,7 +107,7 @@ def _assert_same_continuation(full, interrupted, resumed) -> None:
         # a sampler with its own generator, which Lightning wraps in its DistributedSamplerWrapper (the generator
         # sits in the wrapper's dataset)
         ({"dataset_size": DATASET, "loader": "weighted_generator"}, (1, 2)),
-        ({"dataset_size": DATASET, "loader": "subset_generator"}, (1, 3)),
+        pytest.param({"dataset_size": DATASET, "loader": "subset_generator"}, (1, 3), marks=STRATEGIES_MATRIX),
         # random augmentation drawn in 2 DataLoader workers on each rank; batch 2 (3 consumed) resumes at worker 1
         ({"dataset_size": DATASET, "augment": True, "num_workers": 2, "max_epochs": 2}, (0, 2)),
     ],
@@ -251,16 +261,7 @@ def test_elastic_resume_twice_in_one_epoch(uninterrupted, tmp_path):
 
 
 # Launchers that pickle the trainer into new processes: what a spawned rank receives must resume as a `ddp` rank does.
-# `make test` runs `ddp_spawn`, `ddp_fork` and `ddp_notebook` once each; `make strategies` runs the rest (marked
-# `strategies_matrix`): an explicit sampler under `ddp_spawn`, FSDP with worker processes at an epoch's end.
-STRATEGIES_MATRIX = [
-    pytest.mark.strategies_matrix,
-    pytest.mark.skipif(
-        not os.environ.get("MIDEPOCH_STRATEGIES_MATRIX"), reason="a heavier case: `make strategies` runs it"
-    ),
-]
-
-
+# `make test` runs `ddp_spawn`, `ddp_fork` and `ddp_notebook` once each.
 @pytest.mark.parametrize(
     ("strategy", "config", "crash"),
     [

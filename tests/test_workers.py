@@ -19,7 +19,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness import Config, CrashPoint, L, assert_exact, checkpoint_path, interrupt_and_resume, resume_repeatedly, run
+from harness import (
+    Config,
+    CountingIterable,
+    CrashPoint,
+    L,
+    assert_exact,
+    checkpoint_path,
+    interrupt_and_resume,
+    resume_repeatedly,
+    run,
+)
 from lightning_midepoch import _workers as W
 
 #: 20 samples in batches of 2: 10 batches per epoch, handed to the workers in rotation; two epochs.
@@ -268,3 +278,12 @@ def test_an_iterable_dataset_in_persistent_workers_checkpointed_after_an_epoch_w
         warnings.simplefilter("always")
         assert_exact(interrupt_and_resume(replace(ITERABLE, max_epochs=3), crash, tmp_path / "fresh"))
     assert not [warning for warning in caught if "worker process" in str(warning.message)]
+
+
+def test_a_resumed_worker_whose_data_ran_out_iterates_its_copy_again_only_in_the_next_pass():
+    dataset = CountingIterable(4, stateful=True)
+    assert W._end_pass(dataset)
+    assert list(dataset) == []  # the resumed pass: nothing, as the uninterrupted worker had nothing left
+    assert type(dataset) is CountingIterable
+    assert [index for index, _, _ in dataset] == [0, 1, 2, 3]  # the next pass (persistent workers) as usual
+    assert not W._end_pass(range(3))  # a class that cannot be subclassed: the resume warns instead

@@ -597,14 +597,14 @@ def _workers_match_their_count(state: Mapping[str, Any]) -> None:
         for index, entry in enumerate(entries or []):
             if entry is None:
                 continue
-            count = entry["num_workers"]
+            count, entry_path = entry["num_workers"], f"{path}[{index}]"
             for key in ("workers", "after_pass"):
                 if key in entry and len(entry[key]) != count:
                     expected = f"a list of {_items(count)}, one per worker (num_workers is {count})"
-                    raise _Damage(f"{path}[{index}].{key}", expected, describe(entry[key]))
+                    raise _Damage(_key(entry_path, key), expected, describe(entry[key]))
             if entry.get("next_worker", 0) >= count:
                 expected = f"a worker id from 0 to {count - 1} (num_workers is {count})"
-                raise _Damage(f"{path}[{index}].next_worker", expected, describe(entry["next_worker"]))
+                raise _Damage(_key(entry_path, "next_worker"), expected, describe(entry["next_worker"]))
 
 
 #: Facts that tie fields together, checked in turn once every field has the right type.

@@ -214,7 +214,7 @@ def _end_pass(dataset: Any) -> bool:
 
     try:
         dataset.__class__ = type(original.__name__, (original,), {"__iter__": ended_iter})
-    except TypeError:
+    except Exception:  # a class that cannot be subclassed or assigned (slots, C types): the resume warns
         return False
     return True
 

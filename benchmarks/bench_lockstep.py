@@ -70,23 +70,21 @@ class _Relay:
         self.wait_for_turn(arm)
         self.started[arm] = time.thread_time()
 
+    def _step_done(self, arm: str) -> None:
+        started, self.started[arm] = self.started[arm], None
+        if started is not None:
+            self.steps[arm].append(time.thread_time() - started)
+
     def step_boundary(self, arm: str) -> None:
         """At ``on_train_batch_start``: the step since the previous one is done; let the next arm run."""
-        now = time.thread_time()
-        started = self.started[arm]
-        if started is not None:
-            self.steps[arm].append(now - started)
+        self._step_done(arm)
         self._next()
         self.wait_for_turn(arm)
         self.started[arm] = time.thread_time()
 
     def finished(self, arm: str) -> None:
         """At the end of the arm's fit (or its failure): the arm leaves the turns."""
-        now = time.thread_time()
-        started = self.started[arm]
-        if started is not None:
-            self.steps[arm].append(now - started)
-        self.started[arm] = None
+        self._step_done(arm)
         self.running.remove(arm)
         self.queue = [queued for queued in self.queue if queued != arm]
         self._next()

@@ -128,7 +128,7 @@ def summary(results: dict[str, Any], sections: dict[str, str], runtime_s: float)
             "## 2. Steady-state overhead",
             sections["overhead"],
             "![overhead](overhead.png)",
-            "### In lock step: the arms take turns one step at a time",
+            "### In lock step: the arms take turns of a few steps",
             sections["lockstep"],
             "## 3. Checkpoint size and memory",
             sections["size_memory"],

@@ -41,6 +41,7 @@ L = importlib.import_module(NAMESPACE)
 Checkpoint = importlib.import_module(f"{NAMESPACE}.callbacks").Checkpoint
 ModelCheckpoint = importlib.import_module(f"{NAMESPACE}.callbacks").ModelCheckpoint
 OnExceptionCheckpoint = importlib.import_module(f"{NAMESPACE}.callbacks").OnExceptionCheckpoint
+GradientAccumulationScheduler = importlib.import_module(f"{NAMESPACE}.callbacks").GradientAccumulationScheduler
 CombinedLoader = importlib.import_module(f"{NAMESPACE}.utilities").CombinedLoader
 
 LOADERS = (
@@ -188,6 +189,7 @@ class Config:
     max_epochs: int = 3
     max_steps: int = -1
     accumulate_grad_batches: int = 1
+    accumulate_schedule: tuple[tuple[int, int], ...] = ()  # (epoch, factor): a GradientAccumulationScheduler
     limit_train_batches: float | int | None = None
     validation: bool = False
     val_check_interval: float | int | None = None
@@ -565,6 +567,8 @@ def run(
                     crash.step, dirpath=checkpoint_dir, every_n_train_steps=crash.every, save_last=True, save_top_k=0
                 )
             )
+    if config.accumulate_schedule:
+        callbacks.append(GradientAccumulationScheduler(dict(config.accumulate_schedule)))
     callbacks += extra_callbacks or []
     trainer = L.Trainer(
         accelerator="cpu",

@@ -115,6 +115,54 @@ def test_stock_warning_does_not_fire_with_the_callback(tmp_path):
     assert not any("MidEpochResume" in message or "cannot be recovered" in message for message in messages)
 
 
+def _profiled_hooks(callback: L.Callback, tmp_path: Path, **config: Any) -> set[str]:
+    """The callback hooks Lightning called in a fit (the sections its simple profiler records)."""
+    result = run(Config(**config), tmp_path, callback=False, extra_callbacks=[callback], profiler="simple")
+    prefix = f"[Callback]{callback.state_key}."
+    return {name[len(prefix) :] for name in result.trainer.profiler.recorded_durations if name.startswith(prefix)}
+
+
+def test_lightning_skips_the_per_batch_hooks_the_callback_does_not_use(tmp_path):
+    """Each hook Lightning calls at every batch costs a profiler section per callback: ours are skipped.
+
+    ``on_after_backward`` is called only where a checkpoint inside a batch can find gradients pending (gradient
+    accumulation, manual optimization), to say whether the batch's backward pass had run.
+    """
+    stock = _profiled_hooks(L.Callback(), tmp_path / "stock")
+    assert {"on_train_batch_start", "on_train_batch_end", "on_after_backward"} <= stock
+    ours = _profiled_hooks(MidEpochResume(), tmp_path / "ours")
+    assert not {name for name in ours if "batch" in name or "backward" in name or "optimizer" in name}
+    assert {"setup", "on_train_epoch_start", "teardown"} <= ours  # the hooks it does not call at every batch remain
+    accumulating = _profiled_hooks(MidEpochResume(), tmp_path / "accumulating", accumulate_grad_batches=2)
+    assert "on_after_backward" in accumulating
+    manual = _profiled_hooks(MidEpochResume(), tmp_path / "manual", manual=True)
+    assert "on_after_backward" in manual
+
+
+class _CountingResume(MidEpochResume):
+    """A user's subclass that uses per-batch hooks, calling the callback's own through super()."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = {"on_train_batch_end": 0, "on_after_backward": 0}
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        super().on_train_batch_end(*args)
+        self.calls["on_train_batch_end"] += 1
+
+    def on_after_backward(self, *args: Any) -> None:
+        super().on_after_backward(*args)
+        self.calls["on_after_backward"] += 1
+
+
+def test_a_subclass_keeps_the_per_batch_hooks_it_overrides(tmp_path):
+    callback = _CountingResume()
+    result = run(Config(), tmp_path, callback=False, extra_callbacks=[callback])
+    batches = len(result.seen)
+    assert callback.calls == {"on_train_batch_end": batches, "on_after_backward": batches}
+    assert callback.on_train_batch_start is None  # one it does not override is skipped all the same
+
+
 class _LoopTypes(L.Callback):
     def on_train_epoch_start(self, trainer, pl_module):
         self.types = (type(trainer.fit_loop), type(trainer.fit_loop.epoch_loop), type(trainer.fit_loop._data_fetcher))

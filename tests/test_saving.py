@@ -260,6 +260,16 @@ def test_a_checkpoint_after_backward_in_the_batch_that_ends_an_accumulation_grou
     assert differ
 
 
+def test_a_checkpoint_after_backward_warns_where_a_schedule_starts_accumulating(tmp_path):
+    """Whether a batch's backward ran is followed from the batch a GradientAccumulationScheduler starts accumulating
+    in (the first epoch accumulates nothing)."""
+    config = Config(accumulate_schedule=((1, 3),), hook_draws=False)
+    crash = CrashPoint("after_backward", epoch=1, batch=4)
+    with pytest.warns(UserWarning, match="after the backward pass of a batch inside a gradient accumulation group"):
+        comparison = interrupt_and_resume(config, crash, tmp_path)
+    assert comparison.interrupted.seen + comparison.resumed.seen == comparison.full.seen
+
+
 def test_a_checkpoint_after_backward_inside_an_accumulation_group_warns_and_adds_that_batch_twice(tmp_path):
     """Batch 4 is in the accumulation group of batches 3, 4, 5: its gradients are saved, and it runs again."""
     config = Config(accumulate_grad_batches=3, hook_draws=False)

@@ -117,11 +117,14 @@ REQUIRED_COMBINED_LOADER_ATTRIBUTES = ("_iterator", "_mode", "_limits", "flatten
 #: Where unchecked Lightning releases are allowed (a warning instead of the error): set to ``1``.
 UNVERIFIED_ENV = "LIGHTNING_MIDEPOCH_UNVERIFIED"
 
-#: The stock methods whose fingerprints are checked: ``"module:Class.method"`` under the trainer package
-#: (``lightning.pytorch`` or ``pytorch_lightning``). Every method the overrides replace and call through ``super()``,
-#: every one whose body they copy or complete (``on_run_start``, ``__iter__``, ``CombinedLoader.__iter__``), and every
-#: one whose internals they rely on (the fetchers' profiler call sites, the restart stages, the progress counters,
-#: when the loaded checkpoint is there).
+#: Where Lightning calls the callbacks' hooks: it skips a hook that is not callable (the callback's idle hooks).
+_CALLBACK_HOOKS_CALLER = "trainer.call:_call_callback_hooks"
+
+#: The stock methods whose fingerprints are checked: ``"module:Class.method"`` or ``"module:function"`` under the
+#: trainer package (``lightning.pytorch`` or ``pytorch_lightning``). Every method the overrides replace and call
+#: through ``super()``, every one whose body they copy or complete (``on_run_start``, ``__iter__``,
+#: ``CombinedLoader.__iter__``), and every one whose internals they rely on (the fetchers' profiler call sites, the
+#: restart stages, the progress counters, when the loaded checkpoint is there, the skipped hooks).
 CHECKED_METHODS = (
     "loops.loop:_Loop.load_state_dict",
     "loops.loop:_Loop.restarting",
@@ -162,6 +165,7 @@ CHECKED_METHODS = (
     "utilities.combined_loader:_ModeIterator.__init__",
     "trainer.connectors.checkpoint_connector:_CheckpointConnector.restore_loops",
     "trainer.connectors.checkpoint_connector:_CheckpointConnector.resume_end",
+    _CALLBACK_HOOKS_CALLER,
 )
 
 #: The fingerprint of a method the release does not define (where that is one of the accepted versions).
@@ -257,15 +261,29 @@ def changed_methods(package: str) -> list[str]:
     return changed
 
 
+def skips_uncallable_hooks(trainer: Trainer) -> bool:
+    """Whether the trainer's Lightning skips a callback hook that is not callable (a checked release's code does).
+
+    Example:
+        >>> import lightning as L
+        >>> skips_uncallable_hooks(L.Trainer(logger=False, enable_checkpointing=False))
+        True
+
+    """
+    module_name, qualname = _CALLBACK_HOOKS_CALLER.split(":")
+    module = importlib.import_module(f"{_pytorch_module(trainer)}.{module_name}")
+    return live_fingerprint(module, qualname) in _fingerprints.FINGERPRINTS[_CALLBACK_HOOKS_CALLER]
+
+
 def live_fingerprint(module: object, qualname: str) -> str:
-    """The fingerprint of method ``qualname`` (``"Class.method"``) as the imported ``module`` has it now.
+    """The fingerprint of method ``qualname`` (``"Class.method"``, or a function's name) in ``module`` now.
 
     A property's getter stands for the property. The method is read from the class itself (not inherited), so that
-    a release that moves it shows as changed. :data:`ABSENT` if the class does not define it; ``"unreadable"`` if
-    its source cannot be read.
+    a release that moves it shows as changed. :data:`ABSENT` if the class (or module) does not define it;
+    ``"unreadable"`` if its source cannot be read.
     """
-    class_name, name = qualname.split(".")
-    attribute = vars(getattr(module, class_name, type)).get(name)
+    owner, name = _split(qualname)
+    attribute = vars(module if owner is None else getattr(module, owner, type)).get(name)
     if attribute is None:
         return ABSENT
     function: Any = attribute.fget if isinstance(attribute, property) else attribute
@@ -285,7 +303,7 @@ def live_fingerprint(module: object, qualname: str) -> str:
 
 
 def source_fingerprint(source: str, qualname: str) -> str:
-    r"""The fingerprint of method ``qualname`` (``"Class.method"``) in a module's source.
+    r"""The fingerprint of method ``qualname`` (``"Class.method"``, or a function's ``"name"``) in a module's source.
 
     What :func:`live_fingerprint` finds once the module is imported; ``tools/fingerprints.py`` reads releases' wheels
     with it.
@@ -296,25 +314,29 @@ def source_fingerprint(source: str, qualname: str) -> str:
         True
         >>> source_fingerprint(source, "A.y")
         'absent'
+        >>> source_fingerprint("def f():\n return 1", "f") == fingerprint(ast.parse("def f(): return 1").body[0])
+        True
 
     """
-    class_name, name = qualname.split(".")
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.ClassDef) and node.name == class_name:
-            defs = [
-                item
-                for item in node.body
-                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == name
-            ]
-            # a property's getter (its setter, defined later under the same name, does not replace it)
-            getters = [
-                item
-                for item in defs
-                if any(isinstance(d, ast.Name) and d.id == "property" for d in item.decorator_list)
-            ]
-            if defs:
-                return fingerprint(getters[0] if getters else defs[-1])
+    owner, name = _split(qualname)
+    body = ast.parse(source).body
+    if owner is not None:
+        classes = [node for node in body if isinstance(node, ast.ClassDef) and node.name == owner]
+        body = classes[0].body if classes else []
+    defs = [item for item in body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == name]
+    # a property's getter (its setter, defined later under the same name, does not replace it)
+    getters = [
+        item for item in defs if any(isinstance(d, ast.Name) and d.id == "property" for d in item.decorator_list)
+    ]
+    if defs:
+        return fingerprint(getters[0] if getters else defs[-1])
     return ABSENT
+
+
+def _split(qualname: str) -> tuple[str | None, str]:
+    """``"Class.method"`` as ``("Class", "method")``, a module-level ``"function"`` as ``(None, "function")``."""
+    owner, _, name = qualname.rpartition(".")
+    return owner or None, name
 
 
 @cache

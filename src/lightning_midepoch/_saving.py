@@ -60,7 +60,12 @@ class Saver:
         self.epoch_start: dict[str, Any] | None = None  # before on_train_epoch_start
         self.batch_start: dict[str, Any] | None = None  # torch's generators after the batch was fetched
         self.batch_start_rest = _rawstate.BatchStartStates()  # ... and numpy's and Python's, read cheaply
-        self.backward_done = False  # the current batch's backward has run
+        self.backward_done = False  # the current batch's backward has run (while the backward passes are watched)
+        # Whether a batch's backward pass has run matters only where a checkpoint inside the batch can find gradients
+        # pending: under manual optimization, or accumulating gradients. Only then does the callback's
+        # on_after_backward, called by Lightning at each backward pass, report it.
+        self.watching_backward = False
+        self.manual_optimization = False
         self.stopped: Snapshot | None = None  # the training loop stopped before the epoch's end: the state then
 
     def attach(self, loaders: list[Any]) -> None:
@@ -77,6 +82,7 @@ class Saver:
         """Called before each epoch's ``on_train_epoch_start`` (and sampler epoch)."""
         self.epoch_start = _rng.capture_global(include_cuda=True)
         self.stopped = None
+        self.manual_optimization = not self.session.trainer.lightning_module.automatic_optimization
 
     def batch_started(self) -> None:
         """Called right after every fetch: the batch starts.
@@ -87,6 +93,10 @@ class Saver:
         self.batch_start = _rng.capture_torch()
         self.batch_start_rest.take()
         self.backward_done = False
+        watch = self.manual_optimization or self.session.trainer.accumulate_grad_batches > 1
+        if watch is not self.watching_backward:
+            self.watching_backward = watch
+            self.session.watch_backward(watch)
 
     def before_fetch(self) -> None:
         """Called right before every fetch from the train loaders."""

@@ -10,6 +10,7 @@ their own position (:class:`~lightning_midepoch._passes.ResumedPass`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_midepoch import _rng, _workers
@@ -34,9 +35,13 @@ OnMismatch = Literal["raise", "restart_epoch"]
 class _Session:
     """The state and actions of mid-epoch resume for one trainer during one ``fit``."""
 
-    def __init__(self, trainer: Trainer, on_mismatch: OnMismatch) -> None:
+    def __init__(
+        self, trainer: Trainer, on_mismatch: OnMismatch, watch_backward: Callable[[bool], None] = lambda watch: None
+    ) -> None:
         self.trainer = trainer
         self.on_mismatch = on_mismatch
+        # asks the callback to report every backward pass to `saver.backward_done`, or no longer (it costs a hook)
+        self.watch_backward = watch_backward
         self.loaders: list[Any] = []
         self.recorders: list[_IndexSamplerRecorder | None] = []
         self.combined_loader: CombinedLoader | None = None

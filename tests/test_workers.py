@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import pickle
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -227,8 +228,12 @@ def test_a_resumed_pass_continues_the_rotation_leaving_out_exhausted_workers(cou
         counts = [max(counts)] * len(counts)
     iterator = _FakeIterator(counts)
     sources = bytearray()
-    rotated = W._Rotated(iterator, len(counts), first, sources, reported=reported)
-    iterator.report = rotated.arrived
+
+    def report(iterator: _FakeIterator, arrived: Callable[[int], None]) -> bool:
+        iterator.report = arrived
+        return reported
+
+    rotated = W._Rotated(iterator, len(counts), first, sources, report=report)
     batches = list(rotated)
     expected = _round_robin(counts, first)
     assert [worker for worker, _ in batches] == expected

@@ -215,10 +215,14 @@ class Restorer:
         )
 
     def reload_dataset_states(self, rank_state: Mapping[str, Any] | None) -> None:
-        states = list(rank_state.get(S.KEY_DATASET_STATES, [])) if rank_state is not None else []
-        for loader, state in zip(self.session.loaders, states):
+        for loader, state in zip(self.session.loaders, self._saved_dataset_states(rank_state)):
             if state is not None:
                 loader.dataset.load_state_dict(state)
+
+    def _saved_dataset_states(self, rank_state: Mapping[str, Any] | None) -> list[Any]:
+        """The rank's saved dataset states, one per train loader (None where nothing was saved)."""
+        states = list(rank_state.get(S.KEY_DATASET_STATES, [])) if rank_state is not None else []
+        return states + [None] * (len(self.session.loaders) - len(states))
 
     def restore_dataset_states(
         self,
@@ -234,8 +238,7 @@ class Restorer:
         which Hugging Face's ``IterableDataset`` still reports as its previous pass's: it starts afresh instead).
         ``exclude``: loaders read in workers, whose copies continue from the states their workers saved.
         """
-        states = list(rank_state.get(S.KEY_DATASET_STATES, [])) if rank_state is not None else []
-        states += [None] * (len(self.session.loaders) - len(states))
+        states = self._saved_dataset_states(rank_state)
         for index, (loader, state) in enumerate(zip(self.session.loaders, states)):
             if index in exclude:
                 continue  # read in workers: each worker's copy continues from its own saved state

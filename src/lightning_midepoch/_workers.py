@@ -275,16 +275,24 @@ class _Rotated:
     the stock rotation again.
     """
 
-    def __init__(self, iterator: Any, workers: int, first: int | None, sources: bytearray, reported: bool) -> None:
+    def __init__(
+        self,
+        iterator: Any,
+        workers: int,
+        first: int | None,
+        sources: bytearray,
+        report: Callable[[Any, Callable[[int], None]], bool] = _compat.report_batch_workers,
+    ) -> None:
         self._midepoch_iterator = iterator
         self._midepoch_workers = workers
         self._midepoch_turn = first  # the worker whose batch comes next; None: the stock rotation
         self._midepoch_sources = sources
-        self._midepoch_reported = reported
         self._midepoch_from = 0  # the worker of the batch the iterator returned last (reported)
         self._midepoch_read = 0  # batches read from the iterator in this pass
         self._midepoch_waiting: dict[int, deque[Any]] = {}
         self._midepoch_ended: set[int] = set()  # workers whose data ran out in this pass
+        # `report` asks the iterator to report each batch's worker to `arrived`; it says whether it will
+        self._midepoch_reported = report(iterator, self.arrived)
 
     def __iter__(self) -> _Rotated:
         return self
@@ -402,9 +410,7 @@ class LoaderWorkers:
         iterator = create()
         if self.iterable:
             first, self.rotate_from = self.rotate_from, None
-            rotated = _Rotated(iterator, self.workers, first, self.sources, reported=False)
-            rotated._midepoch_reported = _compat.report_batch_workers(iterator, rotated.arrived)
-            return rotated
+            return _Rotated(iterator, self.workers, first, self.sources)
         dropped, self.dropped = self.dropped, 0
         for _ in range(dropped):
             next(iterator)

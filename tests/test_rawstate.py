@@ -1,4 +1,4 @@
-"""The cheap batch-start snapshots of numpy's and Python's generators equal their documented reads."""
+"""The cheap batch-start snapshots of torch's, numpy's and Python's generators equal their documented reads."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import random
 
 import numpy as np
 import pytest
+import torch
 
 from lightning_midepoch import _rawstate, _rng
 
@@ -65,3 +66,55 @@ def test_snapshot_does_not_read_raw_bytes_behind_another_bit_generator():
     states = _rawstate.BatchStartStates()
     np.random.set_bit_generator(np.random.PCG64(5))
     assert states._follow_numpy() is None  # the documented read instead (numpy's legacy state exists only for MT19937)
+
+
+# ------------------------------------------------------------------------------------------------ torch's generator
+def _draw_torch(kind: str) -> None:
+    if kind == "uniform":
+        torch.rand(3)
+    elif kind == "float-normal":  # torch caches the second normal sample of a pair
+        torch.randn(1)
+    elif kind == "double-normal":
+        torch.randn(1, dtype=torch.float64)
+    elif kind == "many":  # past a twist of the 624 words
+        torch.rand(5000)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["raw-bytes", "get_state"])
+@pytest.mark.parametrize("draws", ["none", "uniform", "float-normal", "double-normal", "many"])
+def test_torch_snapshot_equals_get_state(draws, fast, monkeypatch):
+    if not fast:
+        monkeypatch.setattr(_rawstate, "_torch_engine_offset", lambda: None)
+    states = _rawstate.TorchBatchStart()
+    assert states.fast is fast
+    torch.manual_seed(5)
+    _draw_torch(draws)
+    expected = torch.default_generator.get_state()
+    states.take()
+    _draw_torch("float-normal"), _draw_torch("double-normal"), _draw_torch("many")  # what the batch draws
+    snapshot = states.states()["torch"]
+    assert _rawstate._torch_fields(bytes(snapshot.numpy())) == _rawstate._torch_fields(bytes(expected.numpy()))
+    # ... and restoring it draws what the generator drew from the state it copied
+    torch.default_generator.set_state(expected)
+    draws_then = (torch.rand(700), torch.randn(3), torch.randn(3, dtype=torch.float64))
+    torch.default_generator.set_state(snapshot)
+    assert all(map(torch.equal, (torch.rand(700), torch.randn(3), torch.randn(3, dtype=torch.float64)), draws_then))
+
+
+def test_torch_snapshot_with_every_cached_normal_sample():
+    """Each cached normal sample, set through a real state: the layout is checked field by field."""
+    states = _rawstate.TorchBatchStart()
+    assert states.fast
+    base = bytearray(torch.default_generator.get_state().numpy())
+    for normal_valid, float_valid in ((1, 0), (0, 1), (1, 1), (0, 0)):
+        _rawstate._TORCH_NORMAL.pack_into(base, _rawstate._TORCH_NORMAL_AT, 0.0, 0.5 * normal_valid, 0.0, normal_valid)
+        _rawstate._TORCH_FLOAT.pack_into(base, _rawstate._TORCH_FLOAT_AT, -0.75 * float_valid, bool(float_valid))
+        torch.default_generator.set_state(torch.frombuffer(bytearray(base), dtype=torch.uint8))
+        states.take()
+        expected = _rawstate._torch_fields(bytes(torch.default_generator.get_state().numpy()))
+        assert _rawstate._torch_fields(bytes(states.states()["torch"].numpy())) == expected
+
+
+def test_torch_memory_that_cannot_be_read_is_never_dereferenced():
+    assert _rawstate._readable(0, 8) is None
+    assert _rawstate._readable(2**63 - 4096, 8) is None

@@ -22,6 +22,7 @@ import struct
 from typing import Any
 
 import numpy as np
+import torch
 
 from lightning_midepoch import _rng
 
@@ -172,3 +173,182 @@ def decode(raw: tuple[Any, ...]) -> dict[str, Any]:
             "cached_gaussian": float(gauss),
         }
     return result
+
+
+# torch's CPU generator. ``Generator.get_state()`` allocates a 5,056-byte tensor and serializes the engine into it
+# (the legacy layout below): inside a training loop, with cold caches, that costs several microseconds per batch and
+# pushes the step's own data out of the cache. The engine's state lies in one block of the generator's C++ object
+# (``CPUGeneratorImpl``: the Mersenne Twister's seed, position and words, then the cached normal samples), which the
+# Python object points to; it is found on a probe generator, read safely through /proc/self/mem first, and checked
+# field by field against ``get_state()`` (also with each cached normal sample set through ``set_state``).
+
+_TORCH_STATE_BYTES = 5056  # CPUGeneratorImplState: the legacy THGeneratorState, then the float normal cache
+_TORCH_HEADER = struct.Struct("=QiiQ")  # the_initial_seed, left, seeded, next
+_TORCH_WORDS_AT = _TORCH_HEADER.size  # uint64 state[624]
+_TORCH_NORMAL = struct.Struct("=dddi")  # normal_x, normal_y (the cached double), normal_rho, normal_is_valid
+_TORCH_NORMAL_AT = _TORCH_WORDS_AT + 8 * _WORDS
+_TORCH_FLOAT = struct.Struct("=f?")  # next_float_normal_sample, is_next_float_normal_sample_valid
+_TORCH_FLOAT_AT = _TORCH_NORMAL_AT + 32
+# ... and in the engine: uint64 seed_; int left_; bool seeded_; uint32 next_; uint32 state_[624]; then
+# optional<float> next_float_normal_sample_; optional<double> next_double_normal_sample_
+_ENGINE_HEADER = struct.Struct("=Qi?3xI")
+_ENGINE_FLOAT = struct.Struct("=f?")
+_ENGINE_DOUBLE = struct.Struct("=d?")
+_ENGINE_FLOAT_AT = (_ENGINE_HEADER.size + 4 * _WORDS + 7) // 8 * 8  # after the engine (its size a multiple of 8)
+_ENGINE_DOUBLE_AT = (_ENGINE_FLOAT_AT + 8 + 7) // 8 * 8  # aligned to 8, after the float's value and flag
+_ENGINE_BYTES = _ENGINE_DOUBLE_AT + _ENGINE_DOUBLE.size
+_IMPL_SCAN = 4096  # bytes of the C++ object searched for the engine
+
+
+def _torch_fields(state: bytes) -> tuple[Any, ...]:
+    """What a ``get_state()`` state means (its padding bytes left out), for comparisons."""
+    seed, left, seeded, next_ = _TORCH_HEADER.unpack_from(state, 0)
+    _, normal_y, _, normal_valid = _TORCH_NORMAL.unpack_from(state, _TORCH_NORMAL_AT)
+    float_sample, float_valid = _TORCH_FLOAT.unpack_from(state, _TORCH_FLOAT_AT)
+    words = state[_TORCH_WORDS_AT:_TORCH_NORMAL_AT]
+    return (
+        seed,
+        left,
+        bool(seeded),
+        next_,
+        words,
+        bool(normal_valid),
+        normal_y if normal_valid else None,
+        bool(float_valid),
+        float_sample if float_valid else None,
+    )
+
+
+def _torch_state(engine: bytes | memoryview) -> torch.Tensor:
+    """The ``get_state()`` state of the engine bytes read from a generator (see :class:`TorchBatchStart`)."""
+    seed, left, seeded, next_ = _ENGINE_HEADER.unpack_from(engine, 0)
+    float_sample, float_valid = _ENGINE_FLOAT.unpack_from(engine, _ENGINE_FLOAT_AT)
+    double_sample, double_valid = _ENGINE_DOUBLE.unpack_from(engine, _ENGINE_DOUBLE_AT)
+    state = bytearray(_TORCH_STATE_BYTES)
+    _TORCH_HEADER.pack_into(state, 0, seed, left, int(seeded), next_)
+    words = np.frombuffer(engine, dtype=np.uint32, count=_WORDS, offset=_ENGINE_HEADER.size)
+    state[_TORCH_WORDS_AT:_TORCH_NORMAL_AT] = words.astype(np.uint64).tobytes()
+    _TORCH_NORMAL.pack_into(state, _TORCH_NORMAL_AT, 0.0, double_sample if double_valid else 0.0, 0.0, double_valid)
+    _TORCH_FLOAT.pack_into(state, _TORCH_FLOAT_AT, float_sample if float_valid else 0.0, float_valid)
+    return torch.frombuffer(state, dtype=torch.uint8)
+
+
+def _readable(address: int, size: int) -> bytes | None:
+    """``size`` bytes at ``address`` of this process, or None where they cannot be read (never a crash)."""
+    try:
+        with open("/proc/self/mem", "rb", buffering=0) as memory:
+            memory.seek(address)
+            data = memory.read(size)
+    except (OSError, ValueError, OverflowError):
+        return None
+    return data if len(data) == size else None
+
+
+def _impl_address(generator: torch.Generator) -> int | None:
+    """Where the C++ object of ``generator`` lies (the pointer the Python object holds after its header)."""
+    if type(generator).__basicsize__ < 24:  # pragma: no cover - another torch
+        return None
+    address = struct.unpack("=Q", ctypes.string_at(id(generator) + 16, 8))[0]
+    return address if address and address % 8 == 0 else None
+
+
+def _engine_offset(generator: torch.Generator) -> int | None:
+    """Where the engine lies inside ``generator``'s C++ object, found by its words and checked; else None."""
+    address = _impl_address(generator)
+    memory = _readable(address, _IMPL_SCAN) if address is not None else None
+    if memory is None:
+        return None
+    state = generator.get_state().numpy().tobytes()
+    words = np.frombuffer(state, dtype=np.uint64, count=_WORDS, offset=_TORCH_WORDS_AT).astype(np.uint32).tobytes()
+    at = _unique(memory, words)
+    offset = at - _ENGINE_HEADER.size
+    if at < 0 or offset < 0 or offset + _ENGINE_BYTES > _IMPL_SCAN:
+        return None
+    return offset
+
+
+def _engine_view(generator: torch.Generator, offset: int) -> memoryview | None:
+    """The live engine bytes of ``generator``, if they read as its ``get_state()``; else None."""
+    address = _impl_address(generator)
+    if address is None or _readable(address + offset, _ENGINE_BYTES) is None:
+        return None
+    view = _memory_at(address + offset, _ENGINE_BYTES)
+    return view if _torch_fields(bytes(_torch_state(view).numpy())) == _torch_fields(_state_bytes(generator)) else None
+
+
+def _memory_at(address: int, size: int) -> memoryview:
+    return memoryview((ctypes.c_char * size).from_address(address)).cast("B")
+
+
+def _state_bytes(generator: torch.Generator) -> bytes:
+    return bytes(generator.get_state().numpy())
+
+
+def _torch_engine_offset() -> int | None:
+    """The engine's offset in a CPU generator's C++ object, checked on probes in every state it can be in."""
+    try:
+        probe = torch.Generator()
+        probe.manual_seed(20260401)
+        torch.rand(5, generator=probe)
+        offset = _engine_offset(probe)
+        if offset is None:
+            return None
+        # every field, with and without each cached normal sample (set through set_state: a real state)
+        base = bytearray(_state_bytes(probe))
+        for normal_valid, float_valid in ((1, 0), (0, 1), (1, 1), (0, 0)):
+            _TORCH_NORMAL.pack_into(
+                base, _TORCH_NORMAL_AT, 0.0, _PROBE_GAUSS if normal_valid else 0.0, 0.0, normal_valid
+            )
+            _TORCH_FLOAT.pack_into(base, _TORCH_FLOAT_AT, -0.25 if float_valid else 0.0, bool(float_valid))
+            probe.set_state(torch.frombuffer(bytearray(base), dtype=torch.uint8))
+            if _engine_view(probe, offset) is None:
+                return None
+        for _ in range(3):  # positions across a regeneration of the words
+            torch.rand(400, generator=probe)
+            if _engine_view(probe, offset) is None:
+                return None
+        return offset
+    except Exception:  # pragma: no cover - another torch: the documented read
+        return None
+
+
+class TorchBatchStart:
+    """torch's process-wide states at the latest :meth:`take` (CPU, and CUDA when initialized), taken cheaply.
+
+    The CPU generator's engine is copied as raw bytes into a buffer kept for the purpose (no allocation) and turned
+    into a ``get_state()`` state only when a checkpoint needs it. Where its bytes cannot be found and checked (another
+    torch, another platform), ``get_state()`` is read instead: slower, and exact all the same.
+
+    Example:
+        >>> states = TorchBatchStart()
+        >>> states.take()
+        >>> expected = torch.rand(3)
+        >>> torch.set_rng_state(states.states()["torch"])
+        >>> torch.equal(torch.rand(3), expected)
+        True
+
+    """
+
+    def __init__(self) -> None:
+        offset = _torch_engine_offset()
+        self._source = _engine_view(torch.default_generator, offset) if offset is not None else None
+        self._engine = memoryview(bytearray(_ENGINE_BYTES))
+        self._slow: dict[str, Any] = {}
+        self.fast = self._source is not None
+
+    def take(self) -> None:
+        """Copy the states as they are now (called at every batch start)."""
+        if self._source is not None:
+            self._engine[:] = self._source
+        else:
+            self._slow["torch"] = torch.default_generator.get_state()
+        if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            self._slow["cuda"] = list(torch.cuda.get_rng_state_all())
+        elif "cuda" in self._slow:
+            del self._slow["cuda"]
+
+    def states(self) -> dict[str, Any]:
+        """The states of the latest :meth:`take` in :func:`lightning_midepoch._rng.capture_global`'s form."""
+        if self._source is None:
+            return dict(self._slow)
+        return {"torch": _torch_state(bytes(self._engine)), **self._slow}

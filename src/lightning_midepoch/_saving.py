@@ -58,8 +58,9 @@ class Saver:
         # the states Lightning gives them on a mid-epoch resume, until the resumed pass has fetched
         self.loaded_loader_states: list[Any] = []
         self.epoch_start: dict[str, Any] | None = None  # before on_train_epoch_start
-        self.batch_start: dict[str, Any] | None = None  # torch's generators after the batch was fetched
-        self.batch_start_rest = _rawstate.BatchStartStates()  # ... and numpy's and Python's, read cheaply
+        # the process-wide generators after the batch was fetched, read cheaply: torch's, and numpy's and Python's
+        self.batch_start_torch = _rawstate.TorchBatchStart()
+        self.batch_start_rest = _rawstate.BatchStartStates()
         self.backward_done = False  # the current batch's backward has run (while the backward passes are watched)
         # Whether a batch's backward pass has run matters only where a checkpoint inside the batch can find gradients
         # pending: under manual optimization, or accumulating gradients. Only then does the callback's
@@ -87,10 +88,10 @@ class Saver:
     def batch_started(self) -> None:
         """Called right after every fetch: the batch starts.
 
-        Reading torch's states costs about a microsecond; numpy's and Python's are copied as raw bytes (a fraction of
-        that) and decoded only when a checkpoint written inside the batch needs them.
+        The generators' states are copied as raw bytes into buffers kept for the purpose (no allocation) and decoded
+        only when a checkpoint written inside the batch needs them (see :mod:`lightning_midepoch._rawstate`).
         """
-        self.batch_start = _rng.capture_torch()
+        self.batch_start_torch.take()
         self.batch_start_rest.take()
         self.backward_done = False
         watch = self.manual_optimization or self.session.trainer.accumulate_grad_batches > 1
@@ -288,12 +289,12 @@ class Saver:
         if epoch.started < epoch.ready and self.epoch_start is not None:  # type: ignore[attr-defined]
             # written inside on_train_epoch_start: a resumed run runs the epoch's start again
             return self.epoch_start
-        if batch.processed < batch.ready and self.batch_start is not None:  # type: ignore[attr-defined]
+        if batch.processed < batch.ready and self.batch_start_rest.taken:  # type: ignore[attr-defined]
             # written inside a batch (on_train_batch_start, training_step, backward, optimizer step): a resumed run
             # runs the batch again, from the states it started with
             if self.backward_done and grads_pending:
                 self._warn_backward_rerun()
-            return {**live, **self.batch_start_rest.states(), **self.batch_start}
+            return {**live, **self.batch_start_rest.states(), **self.batch_start_torch.states()}
         return live
 
     def _warn_backward_rerun(self) -> None:

@@ -98,6 +98,14 @@ OTHER_PRIVATE_NAMES = (
     "_load_state_dicts",  # CombinedLoader: gives its stateful loaders their states (in order)
 )
 
+#: Internals that are not names: memory layouts read as raw bytes at every batch start (_rawstate), each found and
+#: checked against the documented reads (``getstate``, ``get_state``) on probes before it is used, else not used.
+RAW_LAYOUTS = (
+    "random.Random: the Mersenne Twister's position and words",
+    "numpy's legacy RandomState: its cached gaussian (the words through the public ctypes.state_address)",
+    "torch's CPUGeneratorImpl (behind the Python Generator's first field): the engine and its cached normal samples",
+)
+
 #: Private attributes of the train data fetcher (created inside ``setup_data``, checked when it is taken over) and of
 #: the ``CombinedLoader`` it iterates.
 REQUIRED_FETCHER_ATTRIBUTES = (

@@ -34,7 +34,12 @@ _PROBE_GAUSS = 0.123456789012345
 
 def _memory(obj: Any, offset: int, size: int) -> memoryview:
     """A view of ``size`` bytes of the memory of ``obj`` (which the caller keeps alive) at ``offset``."""
-    return memoryview((ctypes.c_char * size).from_address(id(obj) + offset)).cast("B")
+    return _memory_at(id(obj) + offset, size)
+
+
+def _memory_at(address: int, size: int) -> memoryview:
+    """A view of ``size`` bytes of this process's memory at ``address`` (which the caller keeps alive)."""
+    return memoryview((ctypes.c_char * size).from_address(address)).cast("B")
 
 
 def _unique(raw: bytes, needle: bytes) -> int:
@@ -120,7 +125,7 @@ class BatchStartStates:
         self._numpy_sources = None
         if self._gauss_offset is not None and isinstance(bit_generator, np.random.MT19937):
             address = bit_generator.ctypes.state_address
-            words = memoryview((ctypes.c_char * _MT_BYTES).from_address(address)).cast("B")
+            words = _memory_at(address, _MT_BYTES)
             self._numpy_sources = (words, _memory(rand, self._gauss_offset, _GAUSS_BYTES))
         return self._numpy_sources
 
@@ -258,7 +263,7 @@ def _engine_offset(generator: torch.Generator) -> int | None:
     memory = _readable(address, _IMPL_SCAN) if address is not None else None
     if memory is None:
         return None
-    state = generator.get_state().numpy().tobytes()
+    state = _state_bytes(generator)
     words = np.frombuffer(state, dtype=np.uint64, count=_WORDS, offset=_TORCH_WORDS_AT).astype(np.uint32).tobytes()
     at = _unique(memory, words)
     offset = at - _ENGINE_HEADER.size
@@ -274,10 +279,6 @@ def _engine_view(generator: torch.Generator, offset: int) -> memoryview | None:
         return None
     view = _memory_at(address + offset, _ENGINE_BYTES)
     return view if _torch_fields(bytes(_torch_state(view).numpy())) == _torch_fields(_state_bytes(generator)) else None
-
-
-def _memory_at(address: int, size: int) -> memoryview:
-    return memoryview((ctypes.c_char * size).from_address(address)).cast("B")
 
 
 def _state_bytes(generator: torch.Generator) -> bytes:

@@ -112,17 +112,6 @@ def capture_global(include_cuda: bool = False) -> _RNGState:
     return state
 
 
-def capture_torch() -> _RNGState:
-    """Only torch's states (CPU, and CUDA when initialized): cheap enough to take at every batch.
-
-    Reads the default generator directly: ``torch.get_rng_state()`` costs several times more inside a training loop.
-    """
-    state: _RNGState = {"torch": torch.default_generator.get_state()}
-    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        state["cuda"] = list(torch.cuda.get_rng_state_all())
-    return state
-
-
 def restore_global(state: Mapping[str, Any]) -> int | None:
     """Set the process-wide generators to a state returned by :func:`capture_global`.
 

@@ -171,9 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     files_run = {test.partition("::")[0] for test in attached}
     # an entry is stale only if its file ran (a run of a few folders leaves the others' entries alone)
     stale = sorted(
-        key
-        for key in set(allowed) - used
-        if any(same_file(path, key.partition("::")[0]) for path in files_run)
+        key for key in set(allowed) - used if any(same_file(path, key.partition("::")[0]) for path in files_run)
     )
     if stale:
         print(f"\nallowed but not failing (could be removed from the list): {len(stale)}")

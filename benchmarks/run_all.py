@@ -77,7 +77,7 @@ def headline(results: dict[str, Any]) -> list[str]:
             f"per step (95%: {low * 1e6:+.1f} to {high * 1e6:+.1f}), {ours['median_difference_s'] / base:+.2%} of its "
             f"{base * 1e3:.2f} ms step."
         )
-    lines.append(f"- {bench_lockstep.projection(results['lockstep'])}")
+    lines.append(f"- {bench_lockstep.verdict(results['lockstep'])}")
     sizes = [row["state_bytes"] for row in results["size_memory"]["state_size"]]
     memory = results["size_memory"]["memory"]
     lines.append(

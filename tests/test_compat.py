@@ -152,7 +152,10 @@ def _defined_and_used(tree: ast.Module) -> tuple[set[str], dict[str, int]]:
                 visit(child, inner, node.name if not isinstance(node, ast.ClassDef) else "")
             return
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            defined.add(node.id)
+            if scope in MIXINS and not function:  # a mixin's class attribute (a property, say) overrides Lightning's
+                used.setdefault(node.id, node.lineno)
+            else:
+                defined.add(node.id)
         elif isinstance(node, ast.Attribute):
             if isinstance(node.ctx, ast.Store) and function == "__init__" and scope not in MIXINS:
                 defined.add(node.attr)

@@ -51,6 +51,49 @@ def test_snapshot_equals_the_documented_reads(draws, fast, monkeypatch):
     assert _rng.states_equal(_documented(), expected)
 
 
+def _same_position_other_words(generator: str, kind: str) -> None:
+    """Give numpy's or Python's generator other words at the position it is at (seeded, set, or regenerated)."""
+    if generator == "python":
+        state = random.getstate()
+        if kind == "reseeded":  # seeding sets the position to the same value whatever the seed
+            random.seed(state[1][5] + 1)
+        elif kind == "set":  # another seed's words, at the position the generator was at
+            random.setstate((state[0], (*random.Random(77).getstate()[1][:-1], state[1][-1]), state[2]))
+        else:  # 624 words drawn one by one: the words regenerated once, the position back where it was
+            for _ in range(624):
+                random.getrandbits(32)
+        assert random.getstate()[1][-1] == state[1][-1]  # the position
+        assert random.getstate()[1][:-1] != state[1][:-1]
+    else:
+        state = np.random.get_state()
+        if kind == "reseeded":
+            np.random.seed(int(state[1][5]) + 1)
+        elif kind == "set":
+            np.random.set_state((state[0], np.random.RandomState(77).get_state()[1], *state[2:]))
+        else:
+            for _ in range(624):
+                np.random.bytes(4)
+        assert np.random.get_state()[2] == state[2]
+        assert not np.array_equal(np.random.get_state()[1], state[1])
+
+
+@pytest.mark.parametrize("kind", ["reseeded", "set", "regenerated"])
+@pytest.mark.parametrize("generator", ["python", "numpy"])
+def test_snapshot_notices_other_words_at_the_same_position(generator, kind):
+    """A block is copied again only when it changed: a change that keeps the position is one."""
+    states = _rawstate.BatchStartStates()
+    assert states.fast
+    np.random.seed(3), random.seed(4)
+    if kind != "reseeded":
+        _draw("uniform")
+    states.take()
+    _same_position_other_words(generator, kind)
+    expected = _documented()
+    states.take()
+    np.random.rand(), random.random()
+    assert _rng.states_equal(states.states(), expected)
+
+
 def test_snapshot_follows_a_replaced_numpy_bit_generator():
     states = _rawstate.BatchStartStates()
     states.take()
@@ -65,7 +108,7 @@ def test_snapshot_follows_a_replaced_numpy_bit_generator():
 def test_snapshot_does_not_read_raw_bytes_behind_another_bit_generator():
     states = _rawstate.BatchStartStates()
     np.random.set_bit_generator(np.random.PCG64(5))
-    assert states._follow_numpy() is None  # the documented read instead (numpy's legacy state exists only for MT19937)
+    assert not states._follow_numpy()  # the documented read instead (numpy's legacy state exists only for MT19937)
 
 
 # ------------------------------------------------------------------------------------------------ torch's generator
@@ -85,8 +128,8 @@ def _draw_torch(kind: str) -> None:
 def test_torch_snapshot_equals_get_state(draws, fast, monkeypatch):
     if not fast:
         monkeypatch.setattr(_rawstate, "_torch_engine_offset", lambda: None)
-    states = _rawstate.TorchBatchStart()
-    assert states.fast is fast
+    states = _rawstate.BatchStartStates(torch_cpu=True)
+    assert states.fast_torch is fast
     torch.manual_seed(5)
     _draw_torch(draws)
     expected = torch.default_generator.get_state()
@@ -103,8 +146,8 @@ def test_torch_snapshot_equals_get_state(draws, fast, monkeypatch):
 
 def test_torch_snapshot_with_every_cached_normal_sample():
     """Each cached normal sample, set through a real state: the layout is checked field by field."""
-    states = _rawstate.TorchBatchStart()
-    assert states.fast
+    states = _rawstate.BatchStartStates(torch_cpu=True)
+    assert states.fast_torch
     base = bytearray(torch.default_generator.get_state().numpy())
     for normal_valid, float_valid in ((1, 0), (0, 1), (1, 1), (0, 0)):
         _rawstate._TORCH_NORMAL.pack_into(base, _rawstate._TORCH_NORMAL_AT, 0.0, 0.5 * normal_valid, 0.0, normal_valid)
@@ -113,6 +156,36 @@ def test_torch_snapshot_with_every_cached_normal_sample():
         states.take()
         expected = _rawstate._torch_fields(bytes(torch.default_generator.get_state().numpy()))
         assert _rawstate._torch_fields(bytes(states.states()["torch"].numpy())) == expected
+
+
+@pytest.mark.parametrize("kind", ["set", "regenerated"])
+def test_torch_snapshot_notices_other_words_at_the_same_position(kind):
+    states = _rawstate.BatchStartStates(torch_cpu=True)
+    assert states.fast_torch
+    torch.manual_seed(5)
+    torch.rand(3)
+    # both normal samples cached (set_state leaves the value of an empty cache undefined, and so changed)
+    state = bytearray(torch.default_generator.get_state().numpy())
+    _rawstate._TORCH_NORMAL.pack_into(state, _rawstate._TORCH_NORMAL_AT, 0.0, 0.5, 0.0, 1)
+    _rawstate._TORCH_FLOAT.pack_into(state, _rawstate._TORCH_FLOAT_AT, -0.75, True)
+    torch.default_generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+    before = bytes(torch.default_generator.get_state().numpy())
+    states.take()
+    if kind == "set":  # another seed's words, with this state's seed, position and cached samples
+        other = bytearray(torch.Generator().manual_seed(6).get_state().numpy())
+        words = slice(_rawstate._TORCH_WORDS_AT, _rawstate._TORCH_NORMAL_AT)
+        state[words] = other[words]
+        torch.default_generator.set_state(torch.frombuffer(state, dtype=torch.uint8))
+    else:  # 624 words drawn: the words regenerated once, the position back where it was
+        torch.randint(0, 2**16, (624,), dtype=torch.int32)
+    expected = _rawstate._torch_fields(bytes(torch.default_generator.get_state().numpy()))
+    before_fields = _rawstate._torch_fields(before)
+    assert expected[:4] == before_fields[:4]  # the seed and position
+    assert expected[5:] == before_fields[5:]  # the cached normal samples
+    assert expected[4] != before_fields[4]  # the words
+    states.take()
+    torch.rand(5)
+    assert _rawstate._torch_fields(bytes(states.states()["torch"].numpy())) == expected
 
 
 def test_torch_memory_that_cannot_be_read_is_never_dereferenced():

@@ -10,6 +10,8 @@ iterator whose loaders have not started; the epoch loop starts them in ``on_run_
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from functools import partial
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
@@ -40,35 +42,33 @@ class _ResumableDataFetcher(_DataFetcherBase):
 
     # Lightning calls `_start_profiler` right before every fetch from the loaders (prefetches included): the moment
     # an iterable dataset's own position must be read, so that a checkpoint saves the position of the first batch
-    # the loop has not consumed yet. Lightning's own callables are kept in attributes of ours, set as plain
-    # attributes (not through __dict__, which would take the fetcher's attributes out of line: see _mixin.mixed_copy)
+    # the loop has not consumed yet; and `_stop_profiler` right after it: where a batch starts, for a checkpoint
+    # written in its middle. Lightning's own callables are kept in attributes of ours, set as plain attributes (not
+    # through __dict__, which would take the fetcher's attributes out of line: see _mixin.mixed_copy); what Lightning
+    # calls is the session's hook with Lightning's callable bound to it. Both run at every batch: the property reads
+    # it with a C getter, and a partial calls it, so that no Python frame of ours runs but the session's.
     _midepoch_start_profiler: Callable[[], None] = staticmethod(_nothing)
     _midepoch_stop_profiler: Callable[[], None] = staticmethod(_nothing)
+    _midepoch_before_fetch: Callable[[], None] = staticmethod(_nothing)
+    _midepoch_after_fetch: Callable[[], None] = staticmethod(_nothing)
 
-    @property
-    def _start_profiler(self) -> Callable[[], None]:
-        return self._midepoch_before_fetch
+    def _midepoch_bind(self) -> None:
+        """Bind Lightning's callables to the session's hooks (once the fetcher has its session)."""
+        session = getattr(self, "_midepoch", None)  # (not vars(self): it would take the attributes out of line)
+        if session is not None:
+            self._midepoch_before_fetch = partial(session.before_fetch, self._midepoch_start_profiler)
+            self._midepoch_after_fetch = partial(session.after_fetch, self._midepoch_stop_profiler)
 
-    @_start_profiler.setter
-    def _start_profiler(self, start: Callable[[], None]) -> None:
+    def _midepoch_set_start(self, start: Callable[[], None]) -> None:
         self._midepoch_start_profiler = start
+        self._midepoch_bind()
 
-    def _midepoch_before_fetch(self) -> None:
-        self._midepoch.before_fetch()
-        self._midepoch_start_profiler()
-
-    # ... and `_stop_profiler` right after it: where a batch starts, for a checkpoint written in its middle
-    @property
-    def _stop_profiler(self) -> Callable[[], None]:
-        return self._midepoch_after_fetch
-
-    @_stop_profiler.setter
-    def _stop_profiler(self, stop: Callable[[], None]) -> None:
+    def _midepoch_set_stop(self, stop: Callable[[], None]) -> None:
         self._midepoch_stop_profiler = stop
+        self._midepoch_bind()
 
-    def _midepoch_after_fetch(self) -> None:
-        self._midepoch_stop_profiler()
-        self._midepoch.after_fetch()
+    _start_profiler = property(attrgetter("_midepoch_before_fetch"), _midepoch_set_start)
+    _stop_profiler = property(attrgetter("_midepoch_after_fetch"), _midepoch_set_stop)
 
     def _midepoch_stock_state(self) -> dict[str, Any]:
         state = {name: value for name, value in vars(self).items() if not name.startswith("_midepoch")}

@@ -55,12 +55,13 @@ def mix_in(obj: object, mixin: type) -> type:
     return original
 
 
-def mixed_copy(obj: _T, mixin: type) -> tuple[_T, type]:
+def mixed_copy(obj: _T, mixin: type, first: dict[str, Any] | None = None) -> tuple[_T, type]:
     """A new object of ``obj``'s class with ``mixin`` in front, with ``obj``'s attributes; and the class to restore.
 
     For an object that nothing else refers to yet: unlike :func:`mix_in`, the copy keeps its attributes inline, so
     that every attribute access stays as fast as on the stock object. Attributes are set one by one, through any
-    property of the mixin. ``obj`` itself is left as it was.
+    property of the mixin, after those of ``first`` (the mixin's own, which its properties may need as the stock
+    attributes are set). ``obj`` itself is left as it was.
 
     Example:
         >>> class Fetcher:
@@ -77,7 +78,7 @@ def mixed_copy(obj: _T, mixin: type) -> tuple[_T, type]:
     if issubclass(original, mixin):
         return obj, original
     copy: Any = object.__new__(_mixed_class(mixin, original))
-    for name, value in vars(obj).items():
+    for name, value in [*(first or {}).items(), *vars(obj).items()]:
         setattr(copy, name, value)
     return copy, original
 

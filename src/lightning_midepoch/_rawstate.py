@@ -1,11 +1,16 @@
-"""Snapshots of numpy's and Python's process-wide generators, cheap enough to take at every batch.
+"""Snapshots of the process-wide generators (torch's CPU one, numpy's, Python's), cheap enough to take at every batch.
 
 A checkpoint written inside a batch makes Lightning run that batch again, so the resumed run must start it from the
-states it started with. Reading numpy's and Python's states the documented way at every batch costs far too much:
-``np.random.get_state()`` copies its 624 words one numpy scalar at a time (tens of microseconds) and
-``random.getstate()`` builds 625 int objects (several microseconds), against about one microsecond for torch's. Both
-generators keep their state in one fixed block of memory, so a snapshot here copies those bytes into a buffer kept
-for the purpose (a few hundred nanoseconds, no allocation) and decodes them only when a checkpoint needs them.
+states it started with. Reading the states the documented way at every batch costs far too much:
+``np.random.get_state()`` copies its 624 words one numpy scalar at a time (tens of microseconds),
+``random.getstate()`` builds 625 int objects (several microseconds) and torch's ``get_state()`` allocates a 5 KB
+tensor. Each generator keeps its state in one fixed block of memory, so a snapshot here copies those bytes into a
+buffer kept for the purpose (no allocation) and decodes them only when a checkpoint needs them.
+
+A block is copied only when it changed since the latest copy. Most batches leave a generator untouched (a model
+without dropout draws nothing from torch's in its step; few training loops draw from numpy's or Python's), and
+copying 7.5 KB of cold memory at every batch costs more than anything else the callback does per step. Whether a
+block changed is read from its position and four of its 624 words next to it (see :class:`_KeptCopy`).
 
 Where the bytes lie is not documented, so it is found and checked on a private probe of the same type when a
 :class:`BatchStartStates` is created, by comparing with the documented reads (numpy's bit-generator block through its
@@ -30,6 +35,7 @@ _WORDS = 624  # Mersenne Twister words, in both generators
 _MT_BYTES = 4 * _WORDS + 4  # numpy's mt19937_state {uint32 key[624]; int pos} / Python's {int index; uint32 state[624]}
 _GAUSS_BYTES = 16  # numpy's aug_bitgen_t {..., int has_gauss; (padding); double gauss}
 _PROBE_GAUSS = 0.123456789012345
+_MTRAND: Any = np.random.mtrand  # holds numpy's global RandomState (`_rand`)
 
 
 def _memory(obj: Any, offset: int, size: int) -> memoryview:
@@ -45,6 +51,65 @@ def _memory_at(address: int, size: int) -> memoryview:
 def _unique(raw: bytes, needle: bytes) -> int:
     at = raw.find(needle)
     return at if at >= 0 and raw.find(needle, at + 1) < 0 else -1
+
+
+#: How many of the Mersenne Twister's 624 words are read to tell whether its block changed. Every word changes when
+#: the words are regenerated or seeded, so those next to the position are read: the same cache line or two.
+_SAMPLED_WORDS = 4
+
+Spans = list[tuple[int, int]]
+
+
+def _mt_marks(position_at: int, words_at: int, first_word: int) -> Spans:
+    """The spans of a Mersenne Twister's block that tell whether it changed: its position and a few of its words.
+
+    Spans closer than a cache line are read as one (the bytes between only add to what is compared).
+
+    >>> _mt_marks(position_at=0, words_at=4, first_word=1), _mt_marks(position_at=2496, words_at=0, first_word=0)
+    ([(0, 24)], [(2496, 2500), (0, 16)])
+    """
+    words_from = words_at + 4 * first_word
+    position, words = (position_at, position_at + 4), (words_from, words_from + 4 * _SAMPLED_WORDS)
+    if max(position[0], words[0]) - min(position[1], words[1]) < 64:
+        return [(min(position[0], words[0]), max(position[1], words[1]))]
+    return [position, words]
+
+
+class _KeptCopy:
+    """Copies of blocks of memory, kept in buffers of their own and renewed only when a block changed.
+
+    Whether one changed is read from a few spans of each (its marks): a generator's position, which moves with every
+    draw, and four of its words, which stay as they are until the words are regenerated (after 624 draws) or the
+    generator is seeded or set, and then all change. A regeneration or a new state that left all four words as they
+    were (and the position) would go unnoticed; for the generators' own seeding and regeneration the odds are
+    2^-128, far below those of a hardware fault. A batch start thus reads a few cache lines, where copying the blocks
+    read and wrote 7.5 KB, cold at every batch; the marks are joined in one call, and compared as one ``bytes``.
+
+    Example:
+        >>> block = bytearray(range(20))
+        >>> kept = _KeptCopy([(memoryview(block), [(0, 4)])])
+        >>> kept.refresh(); block[0] = 99; kept.refresh(); kept.buffers[0][0]
+        99
+        >>> block[10] = 7; kept.refresh(); kept.buffers[0][10]  # not in the marks (bytes 0 to 3): not noticed
+        10
+
+    """
+
+    __slots__ = ("_last", "_marks", "buffers", "sources")
+
+    def __init__(self, blocks: list[tuple[memoryview, Spans]]) -> None:
+        self.sources = [source for source, _ in blocks]
+        self.buffers = [memoryview(bytearray(len(source))) for source in self.sources]
+        self._marks = [source[start:end] for source, spans in blocks for start, end in spans]
+        self._last: bytes | None = None
+
+    def refresh(self) -> None:
+        """Copy the blocks if one changed since the latest copy."""
+        now = b"".join(self._marks)
+        if now != self._last:
+            for buffer, source in zip(self.buffers, self.sources):
+                buffer[:] = source
+            self._last = now
 
 
 def _python_index_offset() -> int | None:
@@ -86,100 +151,6 @@ def _numpy_gauss_offset() -> int | None:
         return None
 
 
-class BatchStartStates:
-    """numpy's and Python's process-wide states at the latest :meth:`take`, taken cheaply and decoded on demand.
-
-    Example:
-        >>> states = BatchStartStates()
-        >>> states.take()
-        >>> expected = (np.random.rand(), random.random())
-        >>> _rng.restore_global(states.states())
-        >>> (np.random.rand(), random.random()) == expected
-        True
-
-    """
-
-    def __init__(self) -> None:
-        self._python_offset = _python_index_offset()
-        self._gauss_offset = _numpy_gauss_offset()
-        self._python = memoryview(bytearray(_MT_BYTES))
-        self._gauss_next: float | None = None
-        self._numpy = memoryview(bytearray(_MT_BYTES))
-        self._numpy_gauss = memoryview(bytearray(_GAUSS_BYTES))
-        self._python_source: memoryview | None = None
-        if self._python_offset is not None:
-            self._python_source = _memory(random._inst, self._python_offset, _MT_BYTES)
-        self._bit_generator: Any = None  # numpy's global bit generator the views below read (kept alive here)
-        self._numpy_sources: tuple[memoryview, memoryview] | None = None  # its words, and the gaussian cache
-        self._slow: dict[str, Any] = {}  # states read the documented way where the fast way does not apply
-        self.fast = self._python_source is not None and self._gauss_offset is not None
-        self.taken = False
-
-    def _follow_numpy(self) -> tuple[memoryview, memoryview] | None:
-        """The views of the current global bit generator's bytes; None where it is not a Mersenne Twister."""
-        rand = np.random.mtrand._rand
-        bit_generator = rand._bit_generator
-        if bit_generator is self._bit_generator:
-            return self._numpy_sources
-        self._bit_generator = bit_generator
-        self._numpy_sources = None
-        if self._gauss_offset is not None and isinstance(bit_generator, np.random.MT19937):
-            address = bit_generator.ctypes.state_address
-            words = _memory_at(address, _MT_BYTES)
-            self._numpy_sources = (words, _memory(rand, self._gauss_offset, _GAUSS_BYTES))
-        return self._numpy_sources
-
-    def take(self) -> None:
-        """Copy the states as they are now (called at every batch start)."""
-        self.taken = True
-        self._slow.clear()
-        if self._python_source is not None:
-            self._python[:] = self._python_source
-            self._gauss_next = random._inst.gauss_next  # type: ignore[attr-defined]
-        else:  # pragma: no cover - another interpreter
-            self._slow["python"] = _rng._python_state()
-        sources = self._follow_numpy()
-        if sources is not None:
-            self._numpy[:], self._numpy_gauss[:] = sources
-        else:
-            self._slow["numpy"] = _rng._numpy_global_state()
-
-    def states(self) -> dict[str, Any]:
-        """The states of the latest :meth:`take` in :func:`lightning_midepoch._rng.capture_global`'s form."""
-        return decode(self.raw())
-
-    def raw(self) -> tuple[Any, ...]:
-        """The latest :meth:`take` as plain bytes, floats and dicts, for :func:`decode` (in this or another process).
-
-        A DataLoader worker sends its states this way: copying them costs about as little as taking them.
-        """
-        return (bytes(self._python), self._gauss_next, bytes(self._numpy), bytes(self._numpy_gauss), dict(self._slow))
-
-
-def decode(raw: tuple[Any, ...]) -> dict[str, Any]:
-    """The states a :meth:`BatchStartStates.raw` holds, in :func:`lightning_midepoch._rng.capture_global`'s form."""
-    python, gauss_next, numpy_words, numpy_gauss, slow = raw
-    result = dict(slow)
-    if "python" not in result:
-        words = np.frombuffer(python, dtype=np.uint32)
-        internal = (*words[1:].tolist(), int(np.frombuffer(python, dtype=np.int32)[0]))
-        result["python"] = {
-            "version": random.Random.VERSION,
-            "state": _rng._pack_words(internal),
-            "gauss_next": gauss_next,
-        }
-    if "numpy" not in result:
-        has_gauss, gauss = struct.unpack_from("=i4xd", numpy_gauss)
-        result["numpy"] = {
-            "name": "MT19937",
-            "keys": _rng._pack_words(np.frombuffer(numpy_words, dtype=np.uint32)[:_WORDS]),
-            "pos": int(np.frombuffer(numpy_words, dtype=np.int32)[_WORDS]),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(gauss),
-        }
-    return result
-
-
 # torch's CPU generator. ``Generator.get_state()`` allocates a 5,056-byte tensor and serializes the engine into it
 # (the legacy layout below): inside a training loop, with cold caches, that costs several microseconds per batch and
 # pushes the step's own data out of the cache. The engine's state lies in one block of the generator's C++ object
@@ -202,6 +173,9 @@ _ENGINE_DOUBLE = struct.Struct("=d?")
 _ENGINE_FLOAT_AT = (_ENGINE_HEADER.size + 4 * _WORDS + 7) // 8 * 8  # after the engine (its size a multiple of 8)
 _ENGINE_DOUBLE_AT = (_ENGINE_FLOAT_AT + 8 + 7) // 8 * 8  # aligned to 8, after the float's value and flag
 _ENGINE_BYTES = _ENGINE_DOUBLE_AT + _ENGINE_DOUBLE.size
+#: The engine's spans that tell whether it changed: its seed, position (left_, seeded_, next_) and first words, and
+#: both cached normal samples with their flags
+_ENGINE_MARKS = [(0, _ENGINE_HEADER.size + 4 * _SAMPLED_WORDS), (_ENGINE_FLOAT_AT, _ENGINE_BYTES)]
 _IMPL_SCAN = 4096  # bytes of the C++ object searched for the engine
 
 
@@ -225,7 +199,7 @@ def _torch_fields(state: bytes) -> tuple[Any, ...]:
 
 
 def _torch_state(engine: bytes | memoryview) -> torch.Tensor:
-    """The ``get_state()`` state of the engine bytes read from a generator (see :class:`TorchBatchStart`)."""
+    """The ``get_state()`` state of the engine bytes read from a generator (see :class:`BatchStartStates`)."""
     seed, left, seeded, next_ = _ENGINE_HEADER.unpack_from(engine, 0)
     float_sample, float_valid = _ENGINE_FLOAT.unpack_from(engine, _ENGINE_FLOAT_AT)
     double_sample, double_valid = _ENGINE_DOUBLE.unpack_from(engine, _ENGINE_DOUBLE_AT)
@@ -313,43 +287,125 @@ def _torch_engine_offset() -> int | None:
         return None
 
 
-class TorchBatchStart:
-    """torch's process-wide states at the latest :meth:`take` (CPU, and CUDA when initialized), taken cheaply.
+class BatchStartStates:
+    """The process-wide generators' states at the latest :meth:`take`, taken cheaply and decoded on demand.
 
-    The CPU generator's engine is copied as raw bytes into a buffer kept for the purpose (no allocation) and turned
-    into a ``get_state()`` state only when a checkpoint needs it. Where its bytes cannot be found and checked (another
-    torch, another platform), ``get_state()`` is read instead: slower, and exact all the same.
+    numpy's and Python's; and with ``torch_cpu``, torch's CPU generator and (where initialized) CUDA's. One
+    :class:`_KeptCopy` watches every block read as raw bytes, so that a batch start reads all their marks at once.
 
     Example:
-        >>> states = TorchBatchStart()
+        >>> states = BatchStartStates(torch_cpu=True)
         >>> states.take()
-        >>> expected = torch.rand(3)
-        >>> torch.set_rng_state(states.states()["torch"])
-        >>> torch.equal(torch.rand(3), expected)
+        >>> expected = (np.random.rand(), random.random(), torch.rand(3))
+        >>> _rng.restore_global(states.states())
+        >>> drawn = (np.random.rand(), random.random(), torch.rand(3))
+        >>> drawn[:2] == expected[:2] and torch.equal(drawn[2], expected[2])
         True
 
     """
 
-    def __init__(self) -> None:
-        offset = _torch_engine_offset()
-        self._source = _engine_view(torch.default_generator, offset) if offset is not None else None
-        self._engine = memoryview(bytearray(_ENGINE_BYTES))
-        self._slow: dict[str, Any] = {}
-        self.fast = self._source is not None
+    def __init__(self, torch_cpu: bool = False) -> None:
+        self._gauss_offset = _numpy_gauss_offset()
+        self._gauss_next: float | None = None
+        # (the module's functions are bound to this instance when it is imported)
+        self._random: Any = random._inst
+        self._rand: Any = _MTRAND._rand  # numpy's global RandomState (set_bit_generator replaces what it draws from)
+        python_offset = _python_index_offset()
+        self._python: tuple[memoryview, Spans] | None = None
+        if python_offset is not None:
+            # (not word 0: seeding sets it to the same value whatever the seed)
+            marks = _mt_marks(position_at=0, words_at=4, first_word=1)
+            self._python = (_memory(self._random, python_offset, _MT_BYTES), marks)
+        self._torch = torch_cpu
+        self._engine: tuple[memoryview, Spans] | None = None
+        if torch_cpu:
+            offset = _torch_engine_offset()
+            source = _engine_view(torch.default_generator, offset) if offset is not None else None
+            self._engine = (source, _ENGINE_MARKS) if source is not None else None
+        # a torch built without CUDA can never initialize it: then not asked at every batch
+        self._cuda = torch_cpu and torch.backends.cuda.is_built()  # type: ignore[no-untyped-call]
+        self._bit_generator: Any = None  # numpy's global bit generator the copies read (kept alive here)
+        self._numpy = False  # whether the copies read it (an MT19937)
+        self._kept = _KeptCopy([])  # every block read as raw bytes ...
+        self._buffers: dict[str, memoryview] = {}  # ... and their copies, by name
+        self._slow: dict[str, Any] = {}  # states read the documented way where the fast way does not apply
+        self.fast = self._python is not None and self._gauss_offset is not None
+        self.fast_torch = self._engine is not None
+        self.taken = False
+
+    def _follow_numpy(self) -> bool:
+        """Read the current global numpy generator from now on; whether its bytes are read (an MT19937)."""
+        rand = self._rand
+        self._bit_generator = bit_generator = rand._bit_generator
+        blocks = {name: block for name, block in (("python", self._python), ("torch", self._engine)) if block}
+        self._numpy = self._gauss_offset is not None and isinstance(bit_generator, np.random.MT19937)
+        if self._numpy:
+            assert self._gauss_offset is not None
+            words = _memory_at(bit_generator.ctypes.state_address, _MT_BYTES)
+            blocks["numpy"] = (words, _mt_marks(position_at=4 * _WORDS, words_at=0, first_word=_WORDS - _SAMPLED_WORDS))
+            blocks["numpy_gauss"] = (_memory(rand, self._gauss_offset, _GAUSS_BYTES), [(0, _GAUSS_BYTES)])
+        self._kept = _KeptCopy(list(blocks.values()))
+        self._buffers = dict(zip(blocks, self._kept.buffers))
+        return self._numpy
 
     def take(self) -> None:
-        """Copy the states as they are now (called at every batch start)."""
-        if self._source is not None:
-            self._engine[:] = self._source
-        else:
-            self._slow["torch"] = torch.default_generator.get_state()
-        if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-            self._slow["cuda"] = list(torch.cuda.get_rng_state_all())
-        elif "cuda" in self._slow:
-            del self._slow["cuda"]
+        """Copy the states as they are now, where they changed (called at every batch start)."""
+        self.taken = True
+        slow = self._slow
+        if slow:
+            slow.clear()
+        if self._rand._bit_generator is not self._bit_generator:
+            self._follow_numpy()
+        self._kept.refresh()
+        if self._python is not None:
+            self._gauss_next = self._random.gauss_next
+        else:  # pragma: no cover - another interpreter
+            slow["python"] = _rng._python_state()
+        if not self._numpy:
+            slow["numpy"] = _rng._numpy_global_state()
+        if self._torch and self._engine is None:
+            slow["torch"] = torch.default_generator.get_state()
+        if self._cuda and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            slow["cuda"] = list(torch.cuda.get_rng_state_all())
 
     def states(self) -> dict[str, Any]:
         """The states of the latest :meth:`take` in :func:`lightning_midepoch._rng.capture_global`'s form."""
-        if self._source is None:
-            return dict(self._slow)
-        return {"torch": _torch_state(bytes(self._engine)), **self._slow}
+        result = decode(self.raw())
+        if "torch" in self._buffers:
+            result["torch"] = _torch_state(bytes(self._buffers["torch"]))
+        return result
+
+    def raw(self) -> tuple[Any, ...]:
+        """The latest :meth:`take` of numpy's and Python's states as plain bytes, floats and dicts, for :func:`decode`.
+
+        A DataLoader worker sends its states this way (in this or another process): copying them costs about as
+        little as taking them.
+        """
+        python = bytes(self._buffers["python"]) if "python" in self._buffers else b""
+        numpy_words = bytes(self._buffers["numpy"]) if "numpy" in self._buffers else b""
+        numpy_gauss = bytes(self._buffers["numpy_gauss"]) if "numpy_gauss" in self._buffers else bytes(_GAUSS_BYTES)
+        return (python, self._gauss_next, numpy_words, numpy_gauss, dict(self._slow))
+
+
+def decode(raw: tuple[Any, ...]) -> dict[str, Any]:
+    """The states a :meth:`BatchStartStates.raw` holds, in :func:`lightning_midepoch._rng.capture_global`'s form."""
+    python, gauss_next, numpy_words, numpy_gauss, slow = raw
+    result = dict(slow)
+    if "python" not in result:
+        words = np.frombuffer(python, dtype=np.uint32)
+        internal = (*words[1:].tolist(), int(np.frombuffer(python, dtype=np.int32)[0]))
+        result["python"] = {
+            "version": random.Random.VERSION,
+            "state": _rng._pack_words(internal),
+            "gauss_next": gauss_next,
+        }
+    if "numpy" not in result:
+        has_gauss, gauss = struct.unpack_from("=i4xd", numpy_gauss)
+        result["numpy"] = {
+            "name": "MT19937",
+            "keys": _rng._pack_words(np.frombuffer(numpy_words, dtype=np.uint32)[:_WORDS]),
+            "pos": int(np.frombuffer(numpy_words, dtype=np.int32)[_WORDS]),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(gauss),
+        }
+    return result

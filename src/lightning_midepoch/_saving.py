@@ -55,12 +55,12 @@ class Saver:
         self.dataset_passes: dict[int, dict[str, Any]] = {}
         # loaders that save their own position (Lightning saves it): their states before the latest fetches, likewise
         self.loader_history: dict[int, deque[tuple[int, Any]]] = {}
+        self.follows_positions = False  # some of the above: before_fetch has something to do
         # the states Lightning gives them on a mid-epoch resume, until the resumed pass has fetched
         self.loaded_loader_states: list[Any] = []
         self.epoch_start: dict[str, Any] | None = None  # before on_train_epoch_start
         # the process-wide generators after the batch was fetched, read cheaply: torch's, and numpy's and Python's
-        self.batch_start_torch = _rawstate.TorchBatchStart()
-        self.batch_start_rest = _rawstate.BatchStartStates()
+        self.batch_start = _rawstate.BatchStartStates(torch_cpu=True)
         self.backward_done = False  # the current batch's backward has run (while the backward passes are watched)
         # Whether a batch's backward pass has run matters only where a checkpoint inside the batch can find gradients
         # pending: under manual optimization, or accumulating gradients. Only then does the callback's
@@ -78,6 +78,7 @@ class Saver:
         self.loader_history = {
             index: deque(maxlen=8) for index, loader in enumerate(loaders) if S.loader_kind(loader) == S.KIND_STATEFUL
         }
+        self.follows_positions = bool(self.dataset_history or self.loader_history)
 
     def epoch_started(self) -> None:
         """Called before each epoch's ``on_train_epoch_start`` (and sampler epoch)."""
@@ -91,8 +92,7 @@ class Saver:
         The generators' states are copied as raw bytes into buffers kept for the purpose (no allocation) and decoded
         only when a checkpoint written inside the batch needs them (see :mod:`lightning_midepoch._rawstate`).
         """
-        self.batch_start_torch.take()
-        self.batch_start_rest.take()
+        self.batch_start.take()
         self.backward_done = False
         watch = self.manual_optimization or self.session.trainer.accumulate_grad_batches > 1
         if watch is not self.watching_backward:
@@ -100,9 +100,7 @@ class Saver:
             self.session.watch_backward(watch)
 
     def before_fetch(self) -> None:
-        """Called right before every fetch from the train loaders."""
-        if not self.dataset_history and not self.loader_history:
-            return
+        """Called right before every fetch from the train loaders that save their own position."""
         fetched = getattr(self.session.fetcher, "fetched", 0)
         for index, history in self.dataset_history.items():
             history.append((fetched, self.session.loaders[index].dataset.state_dict()))
@@ -289,12 +287,12 @@ class Saver:
         if epoch.started < epoch.ready and self.epoch_start is not None:  # type: ignore[attr-defined]
             # written inside on_train_epoch_start: a resumed run runs the epoch's start again
             return self.epoch_start
-        if batch.processed < batch.ready and self.batch_start_rest.taken:  # type: ignore[attr-defined]
+        if batch.processed < batch.ready and self.batch_start.taken:  # type: ignore[attr-defined]
             # written inside a batch (on_train_batch_start, training_step, backward, optimizer step): a resumed run
             # runs the batch again, from the states it started with
             if self.backward_done and grads_pending:
                 self._warn_backward_rerun()
-            return {**live, **self.batch_start_rest.states(), **self.batch_start_torch.states()}
+            return {**live, **self.batch_start.states()}
         return live
 
     def _warn_backward_rerun(self) -> None:

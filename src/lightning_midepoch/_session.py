@@ -101,8 +101,7 @@ class _Session:
         That is a copy with the override (:func:`~lightning_midepoch._mixin.mixed_copy`): nothing refers to the new
         fetcher yet, and Lightning reads its attributes at every fetch.
         """
-        fetcher, original = mixed_copy(fetcher, _ResumableDataFetcher)
-        fetcher._midepoch = self  # type: ignore[attr-defined]
+        fetcher, original = mixed_copy(fetcher, _ResumableDataFetcher, first={"_midepoch": self})
         self._originals.append((fetcher, original))
         self.fetcher = fetcher
         return fetcher
@@ -121,17 +120,23 @@ class _Session:
         self.saver.attach(self.loaders)
         self.workers.attach(self.loaders, self.recorders)
 
-    def after_fetch(self) -> None:
-        """Called right after every fetch from the train loaders."""
-        self.resumed_pass.after_fetch()
+    # these two run at every batch: what has nothing to do then is not called
+    def before_fetch(self, start_profiler: Callable[[], None]) -> None:
+        """Called right before every fetch from the train loaders, in place of the fetcher's ``start_profiler``."""
+        self.fetching = True
+        if self.resumed_pass.lazy_starts:
+            self.resumed_pass.before_fetch()
+        if self.saver.follows_positions:
+            self.saver.before_fetch()
+        start_profiler()
+
+    def after_fetch(self, stop_profiler: Callable[[], None]) -> None:
+        """Called right after every fetch from the train loaders, in place of the fetcher's ``stop_profiler``."""
+        stop_profiler()
+        if self.resumed_pass.lazy_starts:
+            self.resumed_pass.after_fetch()
         self.saver.batch_started()
         self.fetching = False
-
-    def before_fetch(self) -> None:
-        """Called right before every fetch from the train loaders."""
-        self.fetching = True
-        self.resumed_pass.before_fetch()
-        self.saver.before_fetch()
 
     def _install_recorder(self, loader: Any) -> _IndexSamplerRecorder | None:
         if S.loader_kind(loader) != S.KIND_MAP:

@@ -10,9 +10,9 @@ the callback's per-batch work happens). Turns of the same round ran within a few
 differences cancel the drift.
 
 The threads run on one core (the process is pinned to it for the measurement): they take turns anyway, and on a
-2-core machine the scheduler otherwise moves a thread to the other core mid-turn, where it starts on cold caches.
+2-core machine the scheduler can otherwise move a thread to the other core mid-turn, where it starts on cold caches.
 Unpinned, the per-turn medians of one arm varied by 20% (a 95% interval about 30 µs wide on the MLP 8-8 in 300
-turns); pinned, the interval is about a third as wide, and every step is faster (the step the goal is measured
+turns); pinned, the interval is about half as wide, and every step is faster (the step the goal is measured
 against included).
 
 The first step of a turn follows another arm's step, in caches that arm filled, which costs more the more code a

@@ -53,11 +53,10 @@ class _ResumableDataFetcher(_DataFetcherBase):
     _midepoch_after_fetch: Callable[[], None] = staticmethod(_nothing)
 
     def _midepoch_bind(self) -> None:
-        """Bind Lightning's callables to the session's hooks (once the fetcher has its session)."""
-        session = getattr(self, "_midepoch", None)  # (not vars(self): it would take the attributes out of line)
-        if session is not None:
-            self._midepoch_before_fetch = partial(session.before_fetch, self._midepoch_start_profiler)
-            self._midepoch_after_fetch = partial(session.after_fetch, self._midepoch_stop_profiler)
+        """Bind Lightning's callables to the session's hooks (the session is set first: see ``adopt_fetcher``)."""
+        session = self._midepoch
+        self._midepoch_before_fetch = partial(session.before_fetch, self._midepoch_start_profiler)
+        self._midepoch_after_fetch = partial(session.after_fetch, self._midepoch_stop_profiler)
 
     def _midepoch_set_start(self, start: Callable[[], None]) -> None:
         self._midepoch_start_profiler = start

@@ -89,8 +89,9 @@ class Saver:
     def batch_started(self) -> None:
         """Called right after every fetch: the batch starts.
 
-        The generators' states are copied as raw bytes into buffers kept for the purpose (no allocation) and decoded
-        only when a checkpoint written inside the batch needs them (see :mod:`lightning_midepoch._rawstate`).
+        The generators' states are copied as raw bytes into buffers kept for the purpose (no allocation), only where
+        they changed since the latest batch, and decoded only when a checkpoint written inside the batch needs them
+        (see :mod:`lightning_midepoch._rawstate`).
         """
         self.batch_start.take()
         self.backward_done = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import random
 
@@ -190,3 +191,60 @@ def test_restore_global_reports_skipped_cuda_states(available, devices, monkeypa
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
     assert _rng.restore_global({"cuda": [torch.zeros(16, dtype=torch.uint8)] * 2}) == devices
     assert restored == []
+
+
+class _OwnsGenerators:
+    """A dataset with a generator under one of the usual names, and optionally one under a name of its own."""
+
+    def __init__(self, own_name: bool) -> None:
+        self.generator = torch.Generator().manual_seed(1)
+        self.size = 4
+        if own_name:
+            self.noise = np.random.default_rng(3)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+class _GeneratorProperty:
+    def __init__(self) -> None:
+        self._made = torch.Generator()
+
+    @property
+    def generator(self) -> torch.Generator:
+        return self._made
+
+
+def _chains() -> dict[str, dict[str, object]]:
+    """Loaders and samplers built as users and Lightning build them, by what they exercise."""
+    generator = torch.Generator()
+    saved_args = BatchSampler(RandomSampler(range(8), generator=generator), 2, False)
+    saved_args.__pl_saved_args = (saved_args.sampler, 2, False)  # what Lightning keeps of a batch sampler
+    return {
+        "loader": {"loader": DataLoader(_OwnsGenerators(False), batch_size=2, shuffle=True, generator=generator)},
+        "own name": {"dataset": _OwnsGenerators(True)},
+        "saved args": {"index_sampler": saved_args},
+        "property": {"dataset": _GeneratorProperty()},
+        "wrapper": {"index_sampler": _wrapped(RandomSampler(range(4), generator=torch.Generator()))},
+    }
+
+
+@pytest.mark.parametrize("chain", ["loader", "own name", "saved args", "property", "wrapper"])
+@pytest.mark.parametrize("depth", [1, 2, None])
+def test_reading_only_the_usual_names_finds_what_reading_every_attribute_finds(chain, depth, monkeypatch):
+    roots = _chains()[chain]
+    found, beyond = _rng.find_rng_objects(roots, depth), _rng.out_of_reach(roots, depth)
+    monkeypatch.setattr(_rng, "_usual_attributes", lambda obj: None)  # every object read through its __dict__
+    assert _rng.find_rng_objects(roots, depth) == found
+    assert _rng.out_of_reach(roots, depth) == beyond
+
+
+def test_a_dataset_that_keeps_its_generator_under_a_usual_name_is_read_without_its_dict():
+    dataset, named = _OwnsGenerators(False), _OwnsGenerators(True)
+    assert _rng.find_rng_objects({"dataset": dataset}) == {"dataset.generator": dataset.generator}
+    assert list(_rng.find_rng_objects({"dataset": named})) == ["dataset.generator", "dataset.noise"]
+    # (the collector sees the attribute values themselves, or the dict they were moved to)
+    assert not any(isinstance(ref, dict) for ref in gc.get_referents(dataset))

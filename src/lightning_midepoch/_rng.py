@@ -7,13 +7,15 @@ ints, floats, strings, lists and dicts, so that they survive ``torch.load(..., w
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Sampler
+
+from lightning_midepoch._attrs import attribute_values, holds
 
 _RNGState = dict[str, Any]
 
@@ -188,9 +190,11 @@ def _attributes(obj: Any) -> dict[str, Any]:
 def _members(obj: Any) -> list[tuple[str, Any]]:
     """An object's attributes (the usual names first, then the others by name) and the items of its short containers.
 
-    The order is fixed by the names alone, so that the same objects get the same paths when a run is resumed.
+    The order is fixed by the names alone, so that the same objects get the same paths when a run is resumed. Where
+    the usual names hold every generator and link there is, only those are read (see :func:`_usual_attributes`).
     """
-    attrs = _attributes(obj)
+    usual = _usual_attributes(obj)
+    attrs = _attributes(obj) if usual is None else usual
     first = [name for name in (*_OWNER_ATTRS, *_CHILD_ATTRS) if name in attrs]
     members: list[tuple[str, Any]] = []
     for name in first + sorted(name for name in attrs if name not in first):
@@ -204,6 +208,45 @@ def _members(obj: Any) -> list[tuple[str, Any]]:
     return members
 
 
+def _usual_attributes(obj: Any) -> dict[str, Any] | None:
+    """``obj``'s attributes under the usual names, where the others hold no generator and nothing the walk follows.
+
+    Read one by one, and compared with the collector's view of ``obj``, never through ``obj.__dict__``: reading that
+    moves the attributes CPython keeps inline into a dict on which every later read is slower (see
+    :mod:`~lightning_midepoch._attrs`), and the walk looks at datasets, which read their attributes at every sample.
+    None where that cannot be decided so (a class that defines one of the names, or computes its attributes).
+    """
+    cls = type(obj)
+    if any(name in vars(c) for c in cls.__mro__[:-1] for name in ("__getattribute__", "__getattr__")):
+        return None  # (object, last in every class's order, defines the stock __getattribute__)
+    usual = {}
+    for name in (*_OWNER_ATTRS, *_CHILD_ATTRS):
+        if any(name in vars(c) for c in cls.__mro__):
+            return None
+        try:
+            usual[name] = object.__getattribute__(obj, name)  # nothing of the class's runs: only the instance's
+        except AttributeError:
+            continue
+    # the same generators and links among the usual attributes as among all of them (which may hold them again:
+    # Lightning keeps a batch sampler's arguments, its sampler among them; the walk reports a generator once, under
+    # its first path, the usual names coming first, and goes down a link once)
+    if {id(value) for value in _useful(usual.values())} != {id(value) for value in _useful(attribute_values(obj))}:
+        return None
+    return usual
+
+
+def _useful(values: Iterable[Any]) -> list[Any]:
+    """The generators and links among ``values`` and the items of those that are short containers."""
+    items = []
+    for value in values:
+        items += [value, *(value.values() if isinstance(value, dict) else value)] if _is_short(value) else [value]
+    return [item for item in items if _is_rng_object(item) or _is_link("", item)]
+
+
+def _is_short(value: Any) -> bool:
+    return isinstance(value, (list, tuple, dict)) and len(value) <= _CONTAINER_ITEMS
+
+
 def _is_link(name: str, value: Any) -> bool:
     """Whether the walk follows ``value``: a sampler, or an object that keeps one (a dataset made of a sampler)."""
     if value is None or _is_rng_object(value):
@@ -212,7 +255,8 @@ def _is_link(name: str, value: Any) -> bool:
         return True
     if isinstance(value, (type, Iterator)):  # a class, or a live iterator (a DataLoader's): not part of the chain
         return False
-    return any(isinstance(item, Sampler) for item in _attributes(value).values())
+    # (the dataset too: looked at without reading its __dict__, which would slow down its reads at every sample)
+    return holds(value, Sampler)
 
 
 def _walk(roots: Mapping[str, Any], depth: int | None) -> tuple[dict[str, Any], list[str]]:

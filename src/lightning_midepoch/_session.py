@@ -111,12 +111,14 @@ class _Session:
         self._restore_samplers()
         self.combined_loader = combined_loader
         self.loaders = list(combined_loader.flattened)
-        self.recorders = [self._install_recorder(loader) for loader in self.loaders]
+        # (searched before the recorders are in place: a search through one would read its sampler's __dict__)
         self.out_of_reach = {
             index: beyond
-            for index, (loader, recorder) in enumerate(zip(self.loaders, self.recorders))
-            if recorder is not None and (beyond := _rng.out_of_reach(_rng_roots(loader, recorder.inner)))
+            for index, loader in enumerate(self.loaders)
+            if S.loader_kind(loader) == S.KIND_MAP
+            and (beyond := _rng.out_of_reach(_rng_roots(loader, S.index_sampler(loader))))
         }
+        self.recorders = [self._install_recorder(loader) for loader in self.loaders]
         self.saver.attach(self.loaders)
         self.workers.attach(self.loaders, self.recorders)
 

@@ -59,6 +59,7 @@ from torch.utils.data import (
 )
 
 from lightning_midepoch.__about__ import __version__
+from lightning_midepoch._attrs import first
 from lightning_midepoch._order import _IndexSamplerRecorder
 from lightning_midepoch._sampling import _has_stock_iter
 
@@ -160,16 +161,16 @@ def describe_order(sampler: Any) -> tuple[str, bool]:
 
 def _wrapped_sampler(sampler: Any) -> Any:
     """The sampler a custom sampler keeps as an attribute, or in an object it keeps (a dataset made of a sampler)."""
-    attrs = getattr(sampler, "__dict__", None)
-    for value in attrs.values() if isinstance(attrs, dict) else ():
-        if isinstance(value, Sampler) and value is not sampler:
-            return value
-    for value in attrs.values() if isinstance(attrs, dict) else ():
-        inner = getattr(value, "__dict__", None)
-        for item in inner.values() if isinstance(inner, dict) and not isinstance(value, type) else ():
-            if isinstance(item, Sampler) and item is not sampler:
-                return item
-    return None
+
+    def other(value: Any) -> bool:
+        return isinstance(value, Sampler) and value is not sampler
+
+    # (read without __dict__ where one value answers: see _attrs; the sampler's data source is the user's dataset)
+    own = first(sampler, other)
+    if own is not None:
+        return own
+    holder = first(sampler, lambda value: not isinstance(value, type) and first(value, other) is not None)
+    return None if holder is None else first(holder, other)
 
 
 def global_order(index_sampler: Any) -> dict[str, Any] | None:

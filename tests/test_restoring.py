@@ -102,3 +102,21 @@ def test_a_hugging_face_shuffle_buffer_warns_before_training(tmp_path):
 def test_no_buffer_warning_without_a_buffer(tmp_path):
     config = HuggingFaceConfig()
     assert not [m for m in resume_warnings(config, _interrupted_at_mid(config, tmp_path), tmp_path) if "buffer" in m]
+
+
+def test_a_dataset_generator_the_checkpoint_did_not_save_warns(tmp_path):
+    """A checkpoint of an earlier release holds no states for the generators a dataset read in the main process
+    owns: they continue from fresh states, and the resumed run says so before training."""
+    config = Config(augment=True, num_workers=0)
+    ckpt = _interrupted_at_mid(config, tmp_path)
+
+    def as_an_earlier_release_wrote_it(state: dict) -> None:
+        del state["ranks"][0]["dataset_generators"]
+
+    messages = resume_warnings(config, _edited(ckpt, as_an_earlier_release_wrote_it), tmp_path)
+    assert any(
+        "train dataloader 0 draws from its own random generator(s) dataset.generator" in m
+        and "the checkpoint holds no states for them" in m
+        for m in messages
+    )
+    assert not any("dataset.generator" in m for m in resume_warnings(config, ckpt, tmp_path / "unedited"))

@@ -284,3 +284,35 @@ def test_a_checkpoint_after_backward_inside_an_accumulation_group_warns_and_adds
     # ... but batch 4's gradients count twice in the group's step: the weights differ from there on
     differ = [name for (name, a), b in zip(full.model.named_parameters(), resumed.model.parameters()) if not a.equal(b)]
     assert differ
+
+
+#: Augmentation in ``__getitem__`` read in the main process: the global generators and the dataset's own.
+MAIN_PROCESS_AUGMENTED = Config(augment=True, num_workers=0, max_epochs=2)
+
+
+@pytest.mark.parametrize(
+    "crash",
+    [
+        CrashPoint("train_batch_end", epoch=0, batch=4),  # between batches
+        CrashPoint("train_batch_start", epoch=0, batch=5),  # inside a batch: it is fetched again
+        CrashPoint("before_backward", epoch=0, batch=5),
+        CrashPoint("train_batch_start", epoch=1, batch=0),  # inside the batch whose fetch drew the epoch's order
+        CrashPoint("train_epoch_end", epoch=0),
+        CrashPoint("model_checkpoint", step=13, every=13),
+    ],
+    ids=str,
+)
+def test_augmentation_drawn_in_the_main_process_resumes_exactly(crash, tmp_path):
+    """A dataset read without workers draws as each sample is loaded: a checkpoint saves its own generators' states,
+    and one written inside a batch saves the states from before the batch's fetch, which a resumed run repeats."""
+    assert_exact(interrupt_and_resume(MAIN_PROCESS_AUGMENTED, crash, tmp_path))
+
+
+def test_a_dataset_generator_is_saved_where_the_sampler_does_not_hold_it(tmp_path):
+    checkpoint_dir = tmp_path / "run" / "checkpoints"
+    crash = CrashPoint("train_batch_end", epoch=0, batch=4)
+    assert run(MAIN_PROCESS_AUGMENTED, tmp_path / "run", crash=crash).crashed
+    (path,) = checkpoint_dir.glob("*.ckpt")
+    (ranks,) = torch.load(path, weights_only=True)["callbacks"]["MidEpochResume"][S.KEY_RANKS]
+    assert list(ranks[S.KEY_DATASET_GENERATORS][0]) == ["dataset.generator"]
+    assert ranks[S.KEY_GENERATORS] == [{}]  # (the sampler draws from the global generator)

@@ -39,6 +39,8 @@ TWO_LOADERS = Config(loader="sampler_generator", combined="max_size_cycle", accu
 ONE_LOADER = Config(loader="sampler_generator")
 #: a dataset drawing augmentation in 2 DataLoader workers: the workers' states (their dataset copies own a generator)
 WORKERS = Config(augment=True, num_workers=2, max_epochs=2)
+#: the same dataset read in the main process: its own generator's states
+MAIN_PROCESS = Config(augment=True, num_workers=0, max_epochs=2)
 STATE_KEY = "MidEpochResume"
 DAMAGED = "The checkpoint's MidEpochResume state is damaged"
 
@@ -52,6 +54,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ("one_loader", ONE_LOADER, CRASH),
         ("epoch_start", TWO_LOADERS, EPOCH_START),  # the epoch's passes have not drawn their orders yet
         ("workers", WORKERS, CRASH),
+        ("main_process", MAIN_PROCESS, CRASH),
     ):
         directory = tmp_path_factory.mktemp(name)
         assert run(config, directory, crash=crash).crashed
@@ -98,8 +101,8 @@ def checkpoints(written: dict[str, Path]) -> dict[str, dict[str, Any]]:
     two_loaders, one_loader = load(written["two_loaders"]), load(written["one_loader"])
     two_loaders["callbacks"][STATE_KEY] = _with_two_ranks(two_loaders["callbacks"][STATE_KEY])
     one_loader["callbacks"][STATE_KEY] = _with_elastic(one_loader["callbacks"][STATE_KEY])
-    workers = load(written["workers"])
-    return _Quiet(two_ranks=two_loaders, elastic=one_loader, workers=workers)
+    workers, main_process = load(written["workers"]), load(written["main_process"])
+    return _Quiet(two_ranks=two_loaders, elastic=one_loader, workers=workers, main_process=main_process)
 
 
 class _Quiet(dict):  # type: ignore[type-arg]
@@ -510,6 +513,24 @@ def test_worker_damage_is_named(states, damage, problem):
     with pytest.raises(V.DamagedStateError) as raised:
         V.checked(state)
     assert raised.value.problem.startswith(problem)
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (lambda r: r["dataset_generators"].append(None), "`ranks[0].dataset_generators`: expected a list of 1 item"),
+        (
+            lambda r: r["dataset_generators"][0]["dataset.generator"].update(kind="dice"),
+            "`ranks[0].dataset_generators[0]['dataset.generator'].kind`: expected 'torch' or 'python'",
+        ),
+    ],
+)
+def test_dataset_generator_damage_is_named(states, damage, problem):
+    state = copy.deepcopy(states["main_process"])
+    damage(_rank_0(state))
+    with pytest.raises(V.DamagedStateError) as raised:
+        V.checked(state)
+    assert raised.value.problem.startswith(problem), raised.value.problem
 
 
 def test_more_worker_entries_than_loaders_is_damage(states):

@@ -115,6 +115,7 @@ class _IndexSamplerRecorder:
     """
 
     __slots__ = (
+        "_midepoch_drawn",
         "_midepoch_epoch_fn",
         "_midepoch_inner",
         "_midepoch_observing",
@@ -128,6 +129,7 @@ class _IndexSamplerRecorder:
     _midepoch_rng_objects: dict[str, Any]
     _midepoch_epoch_fn: Callable[[], int]
     _midepoch_observing: Callable[[], bool]
+    _midepoch_drawn: Callable[[], None] | None
     record: _PassRecord | None
     passes: int
     _replay: _Replay | None
@@ -139,11 +141,13 @@ class _IndexSamplerRecorder:
         rng_objects: dict[str, Any],
         epoch_fn: Callable[[], int],
         observing: Callable[[], bool] = lambda: True,
+        drawn: Callable[[], None] | None = None,
     ) -> None:
         object.__setattr__(self, "_midepoch_inner", inner)
         object.__setattr__(self, "_midepoch_rng_objects", rng_objects)
         object.__setattr__(self, "_midepoch_epoch_fn", epoch_fn)
         object.__setattr__(self, "_midepoch_observing", observing)  # only the training loop's passes are recorded
+        object.__setattr__(self, "_midepoch_drawn", drawn)  # called as a recorded pass yields its first item
         object.__setattr__(self, "record", None)  # the current pass
         object.__setattr__(self, "passes", 0)  # passes started since the epoch's loader iterator was created
         object.__setattr__(self, "_replay", None)
@@ -265,8 +269,12 @@ class _IndexSamplerRecorder:
         record.capture_first_next(self._midepoch_rng_objects)
         record.index, self.passes = self.passes, self.passes + 1
         record.pulled, record.exhausted = 0, False
+        drawn = self._midepoch_drawn
         for item in iterator:
             record.pulled += 1
+            if drawn is not None:  # the order is drawn; nothing of the pass is loaded yet
+                drawn()
+                drawn = None
             yield item
         record.exhausted = True
 

@@ -194,6 +194,7 @@ class Restorer:
                     missing = _rng.restore_objects(recorder.rng_objects, objects)
                 if missing:
                     self._warn_missing_generators(index, missing)
+        self._restore_dataset_generators(rank_state)
         for index, paths in self.session.out_of_reach.items():
             _compat.warn(
                 f"The sampler chain of train dataloader {index} goes deeper than the search for random generators"
@@ -203,6 +204,32 @@ class Restorer:
                 self.trainer,
                 self.warned,
             )
+
+    def _restore_dataset_generators(self, rank_state: Mapping[str, Any] | None) -> None:
+        """Set the generators of the datasets read in the main process to their states (they draw as they load)."""
+        current = self.session.saver.dataset_generators
+        if rank_state is None or not current:
+            return
+        saved = rank_state.get(S.KEY_DATASET_GENERATORS)
+        for index, objects in current.items():
+            states = saved[index] if saved is not None and index < len(saved) else None
+            if states is None:
+                self._warn_unsaved_dataset_generators(index, list(objects))
+                continue
+            missing = _rng.restore_objects(objects, states)
+            if missing:
+                self._warn_missing_generators(index, missing)
+
+    def _warn_unsaved_dataset_generators(self, index: int, paths: list[str]) -> None:
+        _compat.warn(
+            f"The dataset of train dataloader {index} draws from its own random generator(s) {', '.join(paths)} in"
+            " the main process, and the checkpoint holds no states for them (it was written by an earlier release,"
+            " or while the loader had workers or its dataset no generators): they continue from their fresh states,"
+            " so the samples loaded from now on are augmented differently from the uninterrupted run's. Resume from"
+            " a checkpoint written by this release with the same loader to continue them exactly.",
+            self.trainer,
+            self.warned,
+        )
 
     def _warn_missing_generators(self, index: int, paths: list[str]) -> None:
         _compat.warn(

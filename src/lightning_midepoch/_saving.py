@@ -55,11 +55,14 @@ class Saver:
         self.dataset_passes: dict[int, dict[str, Any]] = {}
         # loaders that save their own position (Lightning saves it): their states before the latest fetches, likewise
         self.loader_history: dict[int, deque[tuple[int, Any]]] = {}
-        self.follows_positions = False  # some of the above: before_fetch has something to do
+        self.follows_positions = False  # some of the above: before_fetch follows their positions
+        # per loader without workers: the generators its dataset owns (by path), and their states before the fetch
+        self.dataset_generators: dict[int, dict[str, Any]] = {}
+        self.dataset_generators_at_fetch: dict[int, dict[str, Any]] = {}
         # the states Lightning gives them on a mid-epoch resume, until the resumed pass has fetched
         self.loaded_loader_states: list[Any] = []
         self.epoch_start: dict[str, Any] | None = None  # before on_train_epoch_start
-        # the process-wide generators after the batch was fetched, read cheaply: torch's, and numpy's and Python's
+        # the process-wide generators before the batch was fetched, read cheaply: torch's, and numpy's and Python's
         self.batch_start = _rawstate.BatchStartStates(torch_cpu=True)
         self.backward_done = False  # the current batch's backward has run (while the backward passes are watched)
         # Whether a batch's backward pass has run matters only where a checkpoint inside the batch can find gradients
@@ -70,7 +73,10 @@ class Saver:
         self.stopped: Snapshot | None = None  # the training loop stopped before the epoch's end: the state then
 
     def attach(self, loaders: list[Any]) -> None:
-        """Follow the positions of the train loaders' iterable datasets that save their own (``state_dict``)."""
+        """Follow the train loaders' positions and the generators of the datasets read in the main process.
+
+        Positions: those of iterable datasets and loaders that save their own (``state_dict``).
+        """
         self.dataset_history = {
             index: deque(maxlen=8) for index, loader in enumerate(loaders) if _saves_dataset_state(loader)
         }
@@ -79,6 +85,15 @@ class Saver:
             index: deque(maxlen=8) for index, loader in enumerate(loaders) if S.loader_kind(loader) == S.KIND_STATEFUL
         }
         self.follows_positions = bool(self.dataset_history or self.loader_history)
+        # (one that the sampler chain holds too is the pass records' to restore)
+        chains = [recorder.rng_objects.values() if recorder is not None else () for recorder in self.session.recorders]
+        in_chains = {id(obj) for objects in chains for obj in objects}
+        self.dataset_generators = {}
+        for index, loader in enumerate(loaders):
+            objects = {path: obj for path, obj in _main_process_generators(loader).items() if id(obj) not in in_chains}
+            if objects:
+                self.dataset_generators[index] = objects
+        self.dataset_generators_at_fetch = {}
 
     def epoch_started(self) -> None:
         """Called before each epoch's ``on_train_epoch_start`` (and sampler epoch)."""
@@ -87,13 +102,7 @@ class Saver:
         self.manual_optimization = not self.session.trainer.lightning_module.automatic_optimization
 
     def batch_started(self) -> None:
-        """Called right after every fetch: the batch starts.
-
-        The generators' states are copied as raw bytes into buffers kept for the purpose (no allocation), only where
-        they changed since the latest batch, and decoded only when a checkpoint written inside the batch needs them
-        (see :mod:`lightning_midepoch._rawstate`).
-        """
-        self.batch_start.take()
+        """Called right after every fetch: the batch starts."""
         self.backward_done = False
         watch = self.manual_optimization or self.session.trainer.accumulate_grad_batches > 1
         if watch is not self.watching_backward:
@@ -101,7 +110,31 @@ class Saver:
             self.session.watch_backward(watch)
 
     def before_fetch(self) -> None:
-        """Called right before every fetch from the train loaders that save their own position."""
+        """Called right before every fetch from the train loaders: the states a batch starts from.
+
+        A checkpoint written inside the batch makes a resumed run fetch it again, and a dataset read in the main
+        process draws its augmentation as its samples are loaded: the re-run batch starts from the states before
+        the fetch. The generators' states are copied as raw bytes into buffers kept for the purpose (no allocation),
+        only where they changed since the latest batch, and decoded only when such a checkpoint needs them (see
+        :mod:`lightning_midepoch._rawstate`).
+        """
+        self.take_batch_start()
+        if self.follows_positions:
+            self._follow_positions()
+
+    def take_batch_start(self) -> None:
+        """The states a batch starts from, for a checkpoint written inside it.
+
+        The process-wide ones, and those of the generators of the datasets read in the main process.
+        """
+        self.batch_start.take()
+        if self.dataset_generators:
+            self.dataset_generators_at_fetch = {
+                index: _rng.capture_objects(objects) for index, objects in self.dataset_generators.items()
+            }
+
+    def _follow_positions(self) -> None:
+        """The positions of the train loaders that save their own, before the fetch."""
         fetched = getattr(self.session.fetcher, "fetched", 0)
         for index, history in self.dataset_history.items():
             history.append((fetched, self.session.loaders[index].dataset.state_dict()))
@@ -159,6 +192,7 @@ class Saver:
             for index, recorder in enumerate(self.session.recorders)
         ]
         grads = self._partial_grads()
+        inside_batch = self._inside_batch()
         rank_state = {
             S.KEY_RNG: self._live_states(grads_pending=grads is not None),
             S.KEY_PASSES: passes,
@@ -169,6 +203,10 @@ class Saver:
             S.KEY_DATASET_STATES: [self._dataset_state(index) for index in range(len(self.session.loaders))],
             S.KEY_GRADS: grads,
         }
+        if self.dataset_generators:  # (the key is absent where no dataset read in the main process owns a generator)
+            rank_state[S.KEY_DATASET_GENERATORS] = [
+                self._dataset_generator_states(index, inside_batch) for index in range(len(self.session.loaders))
+            ]
         if session.workers.loaders:
             epoch_ended = bool(session.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
             rank_state[S.KEY_WORKERS] = session.workers.state_dict(self._worker_positions(), epoch_ended)
@@ -279,18 +317,34 @@ class Saver:
             return fetches[-pending]
         return current()
 
+    def _inside_epoch_start(self) -> bool:
+        """Written inside ``on_train_epoch_start``: a resumed run runs the epoch's start again."""
+        epoch = self.session.trainer.fit_loop.epoch_progress.current
+        return bool(epoch.started < epoch.ready and self.epoch_start is not None)  # type: ignore[attr-defined]
+
+    def _inside_batch(self) -> bool:
+        """Written inside a batch (on_train_batch_start, training_step, backward, optimizer step).
+
+        A resumed run fetches the batch again and runs it again, from the states it started with.
+        """
+        batch = self.session.trainer.fit_loop.epoch_loop.batch_progress.current  # (each stage counted)
+        return bool(batch.processed < batch.ready and self.batch_start.taken)  # type: ignore[attr-defined]
+
+    def _dataset_generator_states(self, index: int, inside_batch: bool) -> dict[str, Any] | None:
+        """The states of the generators a dataset read in the main process owns: the resumed run loads from them."""
+        objects = self.dataset_generators.get(index)
+        if not objects:
+            return None
+        if inside_batch and index in self.dataset_generators_at_fetch:
+            return self.dataset_generators_at_fetch[index]
+        return _rng.capture_objects(objects)
+
     def _live_states(self, grads_pending: bool) -> dict[str, Any]:
         """The states the resumed run continues from: now, unless Lightning will re-run what is in progress."""
         live = _rng.capture_global(include_cuda=True)
-        fit_loop = self.session.trainer.fit_loop
-        epoch = fit_loop.epoch_progress.current
-        batch = fit_loop.epoch_loop.batch_progress.current  # _BatchProgress's trackers count each stage
-        if epoch.started < epoch.ready and self.epoch_start is not None:  # type: ignore[attr-defined]
-            # written inside on_train_epoch_start: a resumed run runs the epoch's start again
-            return self.epoch_start
-        if batch.processed < batch.ready and self.batch_start.taken:  # type: ignore[attr-defined]
-            # written inside a batch (on_train_batch_start, training_step, backward, optimizer step): a resumed run
-            # runs the batch again, from the states it started with
+        if self._inside_epoch_start():
+            return self.epoch_start  # type: ignore[return-value]
+        if self._inside_batch():
             if self.backward_done and grads_pending:
                 self._warn_backward_rerun()
             return {**live, **self.batch_start.states()}
@@ -376,6 +430,17 @@ def _dicts_copied(state: Any) -> Any:
     if isinstance(state, dict):
         return {key: _dicts_copied(value) for key, value in state.items()}
     return state
+
+
+def _main_process_generators(loader: Any) -> dict[str, Any]:
+    """The generators the dataset of a loader without worker processes owns, by path (``dataset.<attribute>``).
+
+    It draws from them in the main process as its samples are loaded; with workers, each worker's copy draws from
+    its own (:mod:`lightning_midepoch._workers`).
+    """
+    if getattr(loader, "num_workers", 0) or getattr(loader, "dataset", None) is None:
+        return {}
+    return _rng.find_rng_objects({"dataset": loader.dataset})
 
 
 def _saves_dataset_state(loader: Any) -> bool:

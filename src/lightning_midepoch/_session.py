@@ -128,8 +128,7 @@ class _Session:
         self.fetching = True
         if self.resumed_pass.lazy_starts:
             self.resumed_pass.before_fetch()
-        if self.saver.follows_positions:
-            self.saver.before_fetch()
+        self.saver.before_fetch()
         start_profiler()
 
     def after_fetch(self, stop_profiler: Callable[[], None]) -> None:
@@ -149,11 +148,25 @@ class _Session:
             return inner
         rng_objects = _rng.find_rng_objects(_rng_roots(loader, inner))
         recorder = _IndexSamplerRecorder(
-            inner, rng_objects, lambda: self.trainer.current_epoch, observing=lambda: self.fetching
+            inner,
+            rng_objects,
+            lambda: self.trainer.current_epoch,
+            observing=lambda: self.fetching,
+            drawn=self._pass_drawn,
         )
         # DataLoader forbids reassigning its samplers after __init__; the recorder forwards everything to the original
         object.__setattr__(loader, attribute, recorder)
         return recorder
+
+    def _pass_drawn(self) -> None:
+        """A recorded pass yields its first item: its order is drawn, and nothing of it is loaded yet.
+
+        Inside a fetch (a cycling loader starting over, or the epoch's first batch of a sampler that draws at its
+        first item), that is where the batch starts: a resumed run replays the pass without drawing, then loads the
+        batch again.
+        """
+        if self.fetching:
+            self.saver.take_batch_start()
 
     def _restore_samplers(self) -> None:
         self.workers.detach()

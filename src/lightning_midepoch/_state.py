@@ -33,6 +33,8 @@ Layout (version 1)::
                                                # (an iterable dataset's: the states its epoch's iterator started at)
              "generators": [dict | None],      # per loader: live states of generators its sampler/loader own
              "dataset_states": [dict | None],  # per loader: an IterableDataset's own state_dict(), if it has one
+             "dataset_generators": [dict | None],  # (not in 0.2.0; only where one is not None) per loader read in
+                                                   # the main process: its dataset's own generators' states
              "grads": {name: tensor} | None,   # partial gradients of an unfinished accumulation group
              "workers": [                      # per loader (not in 0.2.0): its DataLoader workers' states, or None
                  {"num_workers": int, "workers": [{"state": {"global": ..., "objects": ..., "dataset": ...} | None,
@@ -80,6 +82,7 @@ KEY_RNG = "rng"
 KEY_PASSES = "passes"
 KEY_GENERATORS = "generators"
 KEY_DATASET_STATES = "dataset_states"
+KEY_DATASET_GENERATORS = "dataset_generators"
 KEY_GRADS = "grads"
 KEY_ELASTIC = "elastic"
 KEY_WORKERS = "workers"

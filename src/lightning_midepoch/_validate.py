@@ -455,7 +455,12 @@ _WORKERS = Record(
 _RANK = Optional(
     Record(
         "a rank's states",
-        optional={S.KEY_WORKERS: List(Optional(_WORKERS), what="one entry or None per train dataloader")},
+        optional={
+            S.KEY_WORKERS: List(Optional(_WORKERS), what="one entry or None per train dataloader"),
+            S.KEY_DATASET_GENERATORS: List(
+                Optional(_OBJECTS), what="one dict of generator states or None per train dataloader"
+            ),
+        },
         rng=_GLOBAL,
         passes=List(Optional(_PASS), what="one pass record or None per train dataloader"),
         generators=List(Optional(_OBJECTS), what="one dict of generator states or None per train dataloader"),
@@ -515,8 +520,8 @@ def _ranks_match_world_size(state: Mapping[str, Any]) -> None:
 def _rank_lists_match_loaders(state: Mapping[str, Any]) -> None:
     loaders = len(state[S.KEY_LOADERS])
     for rank, rank_state in enumerate(state[S.KEY_RANKS]):
-        for key in (S.KEY_PASSES, S.KEY_GENERATORS, S.KEY_DATASET_STATES):
-            if rank_state is not None and len(rank_state[key]) != loaders:
+        for key in (S.KEY_PASSES, S.KEY_GENERATORS, S.KEY_DATASET_STATES, S.KEY_DATASET_GENERATORS):
+            if rank_state is not None and key in rank_state and len(rank_state[key]) != loaders:
                 raise _Damage(
                     f"{S.KEY_RANKS}[{rank}].{key}",
                     f"a list of {_items(loaders)}, one per train dataloader (`{S.KEY_LOADERS}` has {loaders})",

@@ -56,6 +56,7 @@ class Saver:
         # loaders that save their own position (Lightning saves it): their states before the latest fetches, likewise
         self.loader_history: dict[int, deque[tuple[int, Any]]] = {}
         self.follows_positions = False  # some of the above: before_fetch follows their positions
+        self.fetch_work = False  # before_fetch has something to do (positions, or the generators below)
         # per loader without workers: the generators its dataset owns (by path), and their states before the fetch
         self.dataset_generators: dict[int, dict[str, Any]] = {}
         self.dataset_generators_at_fetch: dict[int, dict[str, Any]] = {}
@@ -94,6 +95,7 @@ class Saver:
             if objects:
                 self.dataset_generators[index] = objects
         self.dataset_generators_at_fetch = {}
+        self.fetch_work = self.follows_positions or bool(self.dataset_generators)
 
     def epoch_started(self) -> None:
         """Called before each epoch's ``on_train_epoch_start`` (and sampler epoch)."""
@@ -110,24 +112,25 @@ class Saver:
             self.session.watch_backward(watch)
 
     def before_fetch(self) -> None:
-        """Called right before every fetch from the train loaders: the states a batch starts from.
+        """Called right before every fetch from the train loaders, where :attr:`fetch_work` says there is work.
 
-        A checkpoint written inside the batch makes a resumed run fetch it again, and a dataset read in the main
-        process draws its augmentation as its samples are loaded: the re-run batch starts from the states before
-        the fetch. The generators' states are copied as raw bytes into buffers kept for the purpose (no allocation),
-        only where they changed since the latest batch, and decoded only when such a checkpoint needs them (see
-        :mod:`lightning_midepoch._rawstate`).
+        The session copies the process-wide states first (``batch_start.take()``, which runs at every batch): a
+        checkpoint written inside the batch makes a resumed run fetch it again, and a dataset read in the main
+        process draws its augmentation as its samples are loaded, so the re-run batch starts from the states before
+        the fetch. They are copied as raw bytes into buffers kept for the purpose (no allocation), only where they
+        changed since the latest batch, and decoded only when such a checkpoint needs them (see
+        :mod:`lightning_midepoch._rawstate`). Here: the datasets' own generators, and the loaders' positions.
         """
-        self.take_batch_start()
+        self._take_dataset_generators()
         if self.follows_positions:
             self._follow_positions()
 
     def take_batch_start(self) -> None:
-        """The states a batch starts from, for a checkpoint written inside it.
-
-        The process-wide ones, and those of the generators of the datasets read in the main process.
-        """
+        """Copy the states a batch starts from again: a pass's order was drawn in the fetch, before any loading."""
         self.batch_start.take()
+        self._take_dataset_generators()
+
+    def _take_dataset_generators(self) -> None:
         if self.dataset_generators:
             self.dataset_generators_at_fetch = {
                 index: _rng.capture_objects(objects) for index, objects in self.dataset_generators.items()

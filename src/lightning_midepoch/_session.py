@@ -128,7 +128,10 @@ class _Session:
         self.fetching = True
         if self.resumed_pass.lazy_starts:
             self.resumed_pass.before_fetch()
-        self.saver.before_fetch()
+        saver = self.saver
+        saver.batch_start.take()  # where the batch starts (see Saver.before_fetch)
+        if saver.fetch_work:
+            saver.before_fetch()
         start_profiler()
 
     def after_fetch(self, stop_profiler: Callable[[], None]) -> None:

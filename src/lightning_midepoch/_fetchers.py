@@ -43,10 +43,11 @@ class _ResumableDataFetcher(_DataFetcherBase):
     # Lightning calls `_start_profiler` right before every fetch from the loaders (prefetches included): the moment
     # an iterable dataset's own position must be read, so that a checkpoint saves the position of the first batch
     # the loop has not consumed yet, and the states the batch starts from, for a checkpoint written in its middle
-    # (the resumed run fetches the batch again); and `_stop_profiler` right after it. Lightning's own callables are kept in attributes of ours, set as plain attributes (not
-    # through __dict__, which would take the fetcher's attributes out of line: see _mixin.mixed_copy); what Lightning
-    # calls is the session's hook with Lightning's callable bound to it. Both run at every batch: the property reads
-    # it with a C getter, and a partial calls it, so that no Python frame of ours runs but the session's.
+    # (the resumed run fetches the batch again); and `_stop_profiler` right after it. Lightning's own callables are
+    # kept in attributes of ours, set as plain attributes (not through __dict__, which would take the fetcher's
+    # attributes out of line: see _mixin.mixed_copy); what Lightning calls is the session's hook with Lightning's
+    # callable bound to it. Both run at every batch: the property reads it with a C getter, and a partial calls it,
+    # so that no Python frame of ours runs but the session's.
     _midepoch_start_profiler: Callable[[], None] = staticmethod(_nothing)
     _midepoch_stop_profiler: Callable[[], None] = staticmethod(_nothing)
     _midepoch_before_fetch: Callable[[], None] = staticmethod(_nothing)

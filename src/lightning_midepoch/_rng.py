@@ -201,10 +201,9 @@ def _members(obj: Any) -> list[tuple[str, Any]]:
         value = attrs[name]
         members.append((name, value))
         # a few samplers or generators kept together (a sampler that chains others); long ones hold data, not those
-        if isinstance(value, (list, tuple)) and len(value) <= _CONTAINER_ITEMS:
-            members += [(f"{name}.{index}", item) for index, item in enumerate(value)]
-        elif isinstance(value, dict) and len(value) <= _CONTAINER_ITEMS:
-            members += [(f"{name}.{key}", item) for key, item in value.items()]
+        if _is_short(value):
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            members += [(f"{name}.{key}", item) for key, item in items]
     return members
 
 

@@ -197,7 +197,7 @@ class Saver:
         grads = self._partial_grads()
         inside_batch = self._inside_batch()
         rank_state = {
-            S.KEY_RNG: self._live_states(grads_pending=grads is not None),
+            S.KEY_RNG: self._live_states(inside_batch, grads_pending=grads is not None),
             S.KEY_PASSES: passes,
             S.KEY_GENERATORS: [
                 _rng.capture_objects(recorder.rng_objects) if recorder is not None else None
@@ -342,12 +342,12 @@ class Saver:
             return self.dataset_generators_at_fetch[index]
         return _rng.capture_objects(objects)
 
-    def _live_states(self, grads_pending: bool) -> dict[str, Any]:
+    def _live_states(self, inside_batch: bool, grads_pending: bool) -> dict[str, Any]:
         """The states the resumed run continues from: now, unless Lightning will re-run what is in progress."""
         live = _rng.capture_global(include_cuda=True)
         if self._inside_epoch_start():
             return self.epoch_start  # type: ignore[return-value]
-        if self._inside_batch():
+        if inside_batch:
             if self.backward_done and grads_pending:
                 self._warn_backward_rerun()
             return {**live, **self.batch_start.states()}

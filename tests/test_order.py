@@ -108,6 +108,31 @@ def test_passes_are_counted_at_their_first_batch():
     assert recorder.passes == 1
 
 
+@pytest.mark.parametrize("taken", [0, 1, 2, 7, 8, 9])
+def test_a_record_counts_what_the_loader_took_of_its_pass(taken):
+    """`pulled` counts the items taken (through C iterators, past the first); `exhausted` a request past the end."""
+    batches = BatchSampler(range(23), batch_size=3, drop_last=False)  # 8 batches
+    recorder = _IndexSamplerRecorder(batches, {}, lambda: 0)
+    recorder.start_epoch()
+    iterator = iter(recorder)
+    assert recorder.record.state_dict()["pulled"] == 0
+    items = [next(iterator, None) for _ in range(taken)]
+    state = recorder.record.state_dict()
+    assert state["pulled"] == min(taken, 8)
+    assert state["exhausted"] is (taken > 8)
+    assert items[:8] == list(batches)[:taken]
+    assert recorder.record.index == 0
+    assert recorder.passes == (1 if taken else 0)
+
+
+def test_an_empty_pass_is_exhausted_at_its_first_request():
+    recorder = _IndexSamplerRecorder(BatchSampler(range(0), batch_size=3, drop_last=False), {}, lambda: 0)
+    recorder.start_epoch()
+    assert list(recorder) == []
+    assert recorder.record.state_dict()["pulled"] == 0
+    assert recorder.record.exhausted is True
+
+
 def test_replay_without_a_record_skips_a_fresh_order():
     loader, recorder = _recorded_loader(shuffle=False)
     recorder.arm(_Replay(None, skip=5, index=0))

@@ -14,14 +14,17 @@ at the index level (:func:`~lightning_midepoch._sampling.fast_forward`) and cont
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 from lightning_midepoch import _rng
 from lightning_midepoch._sampling import fast_forward
 
 _SENTINEL = object()
+_second = itemgetter(1)
 
 
 @dataclass
@@ -39,6 +42,20 @@ class _PassRecord:
     # a loader with workers: the states at the iter() call that started its DataLoader iterator, before that drew
     # the workers' base seed (only what differs from at_iter); a resumed iterator draws the same base seed from them
     at_start: dict[str, Any] | None = None
+    # while the pass is taken: counts the items (`pulled` is read from it, see `count`)
+    _counter: enumerate[Any] | None = field(default=None, repr=False, compare=False)
+
+    def count(self, iterator: Iterator[Any]) -> enumerate[Any]:
+        """``iterator``'s items numbered from 1; :attr:`pulled` is kept by the count (read when the state is saved)."""
+        self._counter = enumerate(iterator, 1)
+        return self._counter
+
+    def _taken(self) -> int | None:
+        """Items the loader has taken from this pass so far (``pulled``, read from the count while there is one)."""
+        if self._counter is None:
+            return self.pulled
+        # (the count's next number, kept by enumerate and read through its pickling support, minus its start)
+        return int(self._counter.__reduce__()[1][1]) - 1
 
     def capture_first_next(self, rng_objects: dict[str, Any]) -> None:
         """Record the states at the pass's first next(), storing only what changed since iter()."""
@@ -61,7 +78,7 @@ class _PassRecord:
             "index": self.index,
             "at_iter": self.at_iter,
             "at_first_next": self.at_first_next,
-            "pulled": self.pulled,
+            "pulled": self._taken(),
             "exhausted": self.exhausted,
         }
         if self.at_start is not None:
@@ -255,27 +272,31 @@ class _IndexSamplerRecorder:
         on_pass = self.on_pass
         if on_pass is None:
             return iterator
-        return self._announced(iterator, skip, on_pass)
+        return chain.from_iterable(self._announced(iterator, skip, on_pass))
 
     @staticmethod
-    def _announced(iterator: Iterator[Any], skip: int, on_pass: Callable[[int], int]) -> Iterator[Any]:
+    def _announced(iterator: Iterator[Any], skip: int, on_pass: Callable[[int], int]) -> Iterator[Iterable[Any]]:
         # a generator: this body runs at the first next(), once the DataLoader iterator has started its workers
-        for _ in range(on_pass(skip)):
-            yield []
-        yield from iterator
+        yield ([] for _ in range(on_pass(skip)))
+        yield iterator
 
     def _observe(self, iterator: Iterator[Any], record: _PassRecord) -> Iterator[Any]:
+        # Lightning takes an item at every batch: past the pass's first item, nothing of ours runs per item. The
+        # items after the first pass through C iterators (chain, map, enumerate), which count them.
+        return chain.from_iterable(self._observed_parts(iterator, record))
+
+    def _observed_parts(self, iterator: Iterator[Any], record: _PassRecord) -> Iterator[Iterable[Any]]:
         # a generator: this body runs at the first next(), when generator-based samplers draw
         record.capture_first_next(self._midepoch_rng_objects)
         record.index, self.passes = self.passes, self.passes + 1
         record.pulled, record.exhausted = 0, False
-        drawn = self._midepoch_drawn
-        for item in iterator:
-            record.pulled += 1
-            if drawn is not None:  # the order is drawn; nothing of the pass is loaded yet
-                drawn()
-                drawn = None
-            yield item
+        counted = record.count(iterator)
+        first: tuple[int, Any] | None = next(counted, None)
+        if first is not None:
+            if self._midepoch_drawn is not None:  # the order is drawn; nothing of the pass is loaded yet
+                self._midepoch_drawn()
+            yield (first[1],)
+            yield map(_second, counted)
         record.exhausted = True
 
     def _resume(

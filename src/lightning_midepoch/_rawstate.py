@@ -95,21 +95,21 @@ class _KeptCopy:
 
     """
 
-    __slots__ = ("_last", "_marks", "buffers", "sources")
+    __slots__ = ("buffers", "last", "marks", "sources")
 
     def __init__(self, blocks: list[tuple[memoryview, Spans]]) -> None:
         self.sources = [source for source, _ in blocks]
         self.buffers = [memoryview(bytearray(len(source))) for source in self.sources]
-        self._marks = [source[start:end] for source, spans in blocks for start, end in spans]
-        self._last: bytes | None = None
+        self.marks = [source[start:end] for source, spans in blocks for start, end in spans]
+        self.last: bytes | None = None  # the marks at the latest copy
 
     def refresh(self) -> None:
         """Copy the blocks if one changed since the latest copy."""
-        now = b"".join(self._marks)
-        if now != self._last:
+        now = b"".join(self.marks)
+        if now != self.last:
             for buffer, source in zip(self.buffers, self.sources):
                 buffer[:] = source
-            self._last = now
+            self.last = now
 
 
 def _python_index_offset() -> int | None:
@@ -326,6 +326,7 @@ class BatchStartStates:
         self._cuda = torch_cpu and torch.backends.cuda.is_built()  # type: ignore[no-untyped-call]
         self._bit_generator: Any = None  # numpy's global bit generator the copies read (kept alive here)
         self._numpy = False  # whether the copies read it (an MT19937)
+        self._documented = True  # some state is read the documented way at every take (see _follow_numpy)
         self._kept = _KeptCopy([])  # every block read as raw bytes ...
         self._buffers: dict[str, memoryview] = {}  # ... and their copies, by name
         self._slow: dict[str, Any] = {}  # states read the documented way where the fast way does not apply
@@ -339,6 +340,8 @@ class BatchStartStates:
         self._bit_generator = bit_generator = rand._bit_generator
         blocks = {name: block for name, block in (("python", self._python), ("torch", self._engine)) if block}
         self._numpy = self._gauss_offset is not None and isinstance(bit_generator, np.random.MT19937)
+        self._documented = self._python is None or not self._numpy or (self._torch and self._engine is None)
+        self._slow.clear()  # (what was read the documented way before may be read raw now)
         if self._numpy:
             assert self._gauss_offset is not None
             words = _memory_at(bit_generator.ctypes.state_address, _MT_BYTES)
@@ -351,15 +354,21 @@ class BatchStartStates:
     def take(self) -> None:
         """Copy the states as they are now, where they changed (called at every batch start)."""
         self.taken = True
-        slow = self._slow
-        if slow:
-            slow.clear()
         if self._rand._bit_generator is not self._bit_generator:
             self._follow_numpy()
-        self._kept.refresh()
+        kept = self._kept
+        if b"".join(kept.marks) != kept.last:  # (refresh's test, inline: this runs at every batch)
+            kept.refresh()
         if self._python is not None:
             self._gauss_next = self._random.gauss_next
-        else:  # pragma: no cover - another interpreter
+        if self._documented or (self._cuda and torch.cuda.is_initialized()):  # type: ignore[no-untyped-call]
+            self._take_documented()
+
+    def _take_documented(self) -> None:
+        """The states read the documented way: where the raw reads do not apply, and CUDA's."""
+        slow = self._slow
+        slow.clear()
+        if self._python is None:  # pragma: no cover - another interpreter
             slow["python"] = _rng._python_state()
         if not self._numpy:
             slow["numpy"] = _rng._numpy_global_state()

@@ -103,13 +103,14 @@ class Saver:
         self.stopped = None
         self.manual_optimization = not self.session.trainer.lightning_module.automatic_optimization
 
-    def batch_started(self) -> None:
-        """Called right after every fetch: the batch starts."""
-        self.backward_done = False
-        watch = self.manual_optimization or self.session.trainer.accumulate_grad_batches > 1
-        if watch is not self.watching_backward:
-            self.watching_backward = watch
-            self.session.watch_backward(watch)
+    def watch_backward(self, watch: bool) -> None:
+        """Have the callback report every backward pass to :attr:`backward_done` from now on, or no longer.
+
+        The session asks at every fetch whether gradients can be pending inside a batch (manual optimization, or
+        accumulation: a scheduler may change ``accumulate_grad_batches`` at any epoch).
+        """
+        self.watching_backward = watch
+        self.session.watch_backward(watch)
 
     def before_fetch(self) -> None:
         """Called right before every fetch from the train loaders, where :attr:`fetch_work` says there is work.

@@ -122,25 +122,30 @@ class _Session:
         self.saver.attach(self.loaders)
         self.workers.attach(self.loaders, self.recorders)
 
-    # these two run at every batch: what has nothing to do then is not called
+    # these two run at every batch, in place of Lightning's own callables (which they call): each is one frame of
+    # Python, and what has nothing to do then is not called
     def before_fetch(self, start_profiler: Callable[[], None]) -> None:
         """Called right before every fetch from the train loaders, in place of the fetcher's ``start_profiler``."""
         self.fetching = True
-        if self.resumed_pass.lazy_starts:
-            self.resumed_pass.before_fetch()
         saver = self.saver
         saver.batch_start.take()  # where the batch starts (see Saver.before_fetch)
+        # the batch starts: its backward pass has not run (the fetch of the next batch follows the backward)
+        saver.backward_done = False
+        watch = saver.manual_optimization or self.trainer.accumulate_grad_batches > 1
+        if watch is not saver.watching_backward:
+            saver.watch_backward(watch)
         if saver.fetch_work:
             saver.before_fetch()
+        if self.resumed_pass.lazy_starts:
+            self.resumed_pass.before_fetch()
         start_profiler()
 
     def after_fetch(self, stop_profiler: Callable[[], None]) -> None:
         """Called right after every fetch from the train loaders, in place of the fetcher's ``stop_profiler``."""
         stop_profiler()
+        self.fetching = False
         if self.resumed_pass.lazy_starts:
             self.resumed_pass.after_fetch()
-        self.saver.batch_started()
-        self.fetching = False
 
     def _install_recorder(self, loader: Any) -> _IndexSamplerRecorder | None:
         if S.loader_kind(loader) != S.KIND_MAP:

@@ -16,6 +16,7 @@ changed one of them is refused until the overrides are checked against it, unles
 from __future__ import annotations
 
 import ast
+import dis
 import hashlib
 import importlib
 import inspect
@@ -25,6 +26,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from functools import cache
+from types import CodeType, FunctionType
 from typing import TYPE_CHECKING, Any
 
 from packaging.version import Version
@@ -96,6 +98,7 @@ OTHER_PRIVATE_NAMES = (
     "_starting_state_dict",  # ... the state it loaded, applied at every pass of its epoch (forget_restored_position)
     "_combined_loader_states_to_load",  # the fit loop's stateful loader states, until it loads them
     "_load_state_dicts",  # CombinedLoader: gives its stateful loaders their states (in order)
+    "_getframe",  # Python's `sys`: whether a loader's pass starts inside a fetch (inside_fetch)
 )
 
 #: Internals that are not names: memory layouts read as raw bytes at every batch start (_rawstate), each found and
@@ -414,11 +417,49 @@ def check_fetcher(fetcher: object) -> None:
             missing.append("combined_loader module._SUPPORTED_MODES")
     if not hasattr(sys.modules[type(fetcher).__module__], "_DataLoaderIterDataFetcher"):
         missing.append("fetchers module._DataLoaderIterDataFetcher")
+    if not fetch_codes(fetcher):
+        missing.append("a method that calls _start_profiler")
     if missing:
         raise RuntimeError(
             f"lightning-midepoch cannot run with {namespace(fetcher)} {lightning_version(fetcher)}: its train data"
             f" fetcher lacks {', '.join(missing)}. Supported releases are {namespace(fetcher)}{SUPPORTED_RANGE}."
         )
+
+
+def fetch_codes(fetcher: object) -> frozenset[CodeType]:
+    """The code of the fetcher's methods that fetch from the loaders: those that call ``self._start_profiler()``.
+
+    In every supported release that is ``_DataFetcher.__next__`` (its fingerprint is checked), which every fetch goes
+    through: the prefetching fetcher's, and the ``dataloader_iter`` wrapper's.
+    """
+    return frozenset(
+        function.__code__
+        for cls in type(fetcher).__mro__
+        for function in vars(cls).values()
+        if isinstance(function, FunctionType) and _reads(function.__code__, "_start_profiler")
+    )
+
+
+def _reads(code: CodeType, attribute: str) -> bool:
+    """Whether ``code`` reads ``attribute`` of an object (a call does; ``__init__``, which only sets it, does not)."""
+    return attribute in code.co_names and any(
+        instruction.argval == attribute and instruction.opname in ("LOAD_ATTR", "LOAD_METHOD")
+        for instruction in dis.get_instructions(code)
+    )
+
+
+def inside_fetch(fetcher: object, codes: frozenset[CodeType]) -> bool:
+    """Whether the caller runs inside a fetch of ``fetcher``: one of ``codes`` is on the stack with it as ``self``.
+
+    Asked where a loader starts a pass (rarely: once per epoch and loader, or per restart of a cycling loader), in
+    place of a flag the fetcher would set and clear around every fetch.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code in codes and frame.f_locals.get("self") is fetcher:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 def reload_every_n_epochs(trainer: Trainer) -> int:

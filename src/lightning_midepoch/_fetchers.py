@@ -47,7 +47,8 @@ class _ResumableDataFetcher(_DataFetcherBase):
     # kept in attributes of ours, set as plain attributes (not through __dict__, which would take the fetcher's
     # attributes out of line: see _mixin.mixed_copy); what Lightning calls is the session's hook with Lightning's
     # callable bound to it. Both run at every batch: the property reads it with a C getter, and a partial calls it,
-    # so that no Python frame of ours runs but the session's.
+    # so that no Python frame of ours runs but the session's. After the fetch the session has work only in a resumed
+    # epoch's first fetch: otherwise `_stop_profiler` is Lightning's own callable.
     _midepoch_start_profiler: Callable[[], None] = staticmethod(_nothing)
     _midepoch_stop_profiler: Callable[[], None] = staticmethod(_nothing)
     _midepoch_before_fetch: Callable[[], None] = staticmethod(_nothing)
@@ -57,7 +58,11 @@ class _ResumableDataFetcher(_DataFetcherBase):
         """Bind Lightning's callables to the session's hooks (the session is set first: see ``adopt_fetcher``)."""
         session = self._midepoch
         self._midepoch_before_fetch = partial(session.before_fetch, self._midepoch_start_profiler)
-        self._midepoch_after_fetch = partial(session.after_fetch, self._midepoch_stop_profiler)
+        # after the fetch, only a resumed epoch's first fetch has work: otherwise Lightning's own callable is called
+        if session.resumed_pass.lazy_starts:
+            self._midepoch_after_fetch = partial(session.after_fetch, self._midepoch_stop_profiler)
+        else:
+            self._midepoch_after_fetch = self._midepoch_stop_profiler
 
     def _midepoch_set_start(self, start: Callable[[], None]) -> None:
         self._midepoch_start_profiler = start
@@ -98,8 +103,8 @@ class _ResumableDataFetcher(_DataFetcherBase):
             self.reset()
             return self
         session.start_epoch()
-        session.fetching = True
+        session.starting_iterator = True
         try:
             return super().__iter__()
         finally:
-            session.fetching = False
+            session.starting_iterator = False

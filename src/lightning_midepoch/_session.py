@@ -11,9 +11,10 @@ their own position (:class:`~lightning_midepoch._passes.ResumedPass`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import CodeType
 from typing import TYPE_CHECKING, Any, Literal
 
-from lightning_midepoch import _rng, _workers
+from lightning_midepoch import _compat, _rng, _workers
 from lightning_midepoch import _state as S
 from lightning_midepoch._fetchers import _ResumableDataFetcher
 from lightning_midepoch._loops import _ResumableFitLoop, _ResumableTrainingEpochLoop
@@ -46,6 +47,7 @@ class _Session:
         self.recorders: list[_IndexSamplerRecorder | None] = []
         self.combined_loader: CombinedLoader | None = None
         self.fetcher: _DataFetcher | None = None
+        self.fetch_codes: frozenset[CodeType] = frozenset()  # the fetcher's methods that fetch (see in_training_fetch)
         # flags shared with the loop and fetcher overrides
         self.hold_next_iter = False
         self.iterator_held = False
@@ -53,7 +55,7 @@ class _Session:
         self.finish_interrupted_batch = False
         self.warned: set[str] = set()
         self._originals: list[tuple[object, type]] = []
-        self.fetching = False  # the training loop is creating or advancing its train iterator
+        self.starting_iterator = False  # the training loop is creating its train iterator (see in_training_fetch)
         self.elastic: dict[str, Any] | None = None  # the epoch being finished on another world size
         self.resuming = False  # this fit resumes from a checkpoint (the loops were restored before it trained)
         self.trained = False  # the fit loop has set up its data: restores from now on are a tuner's, not a resume
@@ -104,7 +106,22 @@ class _Session:
         fetcher, original = mixed_copy(fetcher, _ResumableDataFetcher, first={"_midepoch": self})
         self._originals.append((fetcher, original))
         self.fetcher = fetcher
+        self.fetch_codes = _compat.fetch_codes(fetcher)
         return fetcher
+
+    def in_training_fetch(self) -> bool:
+        """Whether the training loop is creating or advancing its train iterator (asked where a loader starts a pass).
+
+        Only those passes are the epoch's order; a loader iterated anywhere else (a user's callback, say) is not
+        recorded. The fetch is found on the stack, so that nothing runs after every fetch to say that it ended.
+        """
+        fetcher = self.fetcher
+        return self.starting_iterator or (fetcher is not None and _compat.inside_fetch(fetcher, self.fetch_codes))
+
+    def fetch_hooks_changed(self) -> None:
+        """What the hooks around a fetch have to do changed: the fetcher binds them again."""
+        if isinstance(self.fetcher, _ResumableDataFetcher):
+            self.fetcher._midepoch_bind()
 
     def attach(self, combined_loader: CombinedLoader) -> None:
         """Wrap the index sampler of every map-style train loader in a recorder (called before any iterator)."""
@@ -122,11 +139,10 @@ class _Session:
         self.saver.attach(self.loaders)
         self.workers.attach(self.loaders, self.recorders)
 
-    # these two run at every batch, in place of Lightning's own callables (which they call): each is one frame of
-    # Python, and what has nothing to do then is not called
+    # these run at every batch, in place of Lightning's own callables (which they call): one frame of Python before
+    # the fetch, and none after it unless a resumed epoch's first fetch has work there (see _midepoch_bind)
     def before_fetch(self, start_profiler: Callable[[], None]) -> None:
         """Called right before every fetch from the train loaders, in place of the fetcher's ``start_profiler``."""
-        self.fetching = True
         saver = self.saver
         saver.batch_start.take()  # where the batch starts (see Saver.before_fetch)
         # the batch starts: its backward pass has not run (the fetch of the next batch follows the backward)
@@ -141,11 +157,9 @@ class _Session:
         start_profiler()
 
     def after_fetch(self, stop_profiler: Callable[[], None]) -> None:
-        """Called right after every fetch from the train loaders, in place of the fetcher's ``stop_profiler``."""
+        """Called after a fetch from the train loaders, in place of ``stop_profiler``: a resumed epoch's first only."""
         stop_profiler()
-        self.fetching = False
-        if self.resumed_pass.lazy_starts:
-            self.resumed_pass.after_fetch()
+        self.resumed_pass.after_fetch()
 
     def _install_recorder(self, loader: Any) -> _IndexSamplerRecorder | None:
         if S.loader_kind(loader) != S.KIND_MAP:
@@ -159,7 +173,7 @@ class _Session:
             inner,
             rng_objects,
             lambda: self.trainer.current_epoch,
-            observing=lambda: self.fetching,
+            observing=self.in_training_fetch,
             drawn=self._pass_drawn,
         )
         # DataLoader forbids reassigning its samplers after __init__; the recorder forwards everything to the original
@@ -173,7 +187,7 @@ class _Session:
         first item), that is where the batch starts: a resumed run replays the pass without drawing, then loads the
         batch again.
         """
-        if self.fetching:
+        if self.in_training_fetch():
             self.saver.take_batch_start()
 
     def _restore_samplers(self) -> None:

@@ -120,7 +120,7 @@ class _AsksAtItsFirstItem:
         self.answers: list[bool] = []
 
     def __iter__(self):
-        self.answers.append(_compat.inside_fetch(self.fetcher(), _compat.fetch_codes(self.fetcher())))
+        self.answers.append(_compat.inside_fetch(self.fetcher()))
         yield from (1, 2, 3)
 
 

@@ -432,9 +432,15 @@ def fetch_codes(fetcher: object) -> frozenset[CodeType]:
     In every supported release that is ``_DataFetcher.__next__`` (its fingerprint is checked), which every fetch goes
     through: the prefetching fetcher's, and the ``dataloader_iter`` wrapper's.
     """
+    fetcher_class: Any = type(fetcher)  # (a class is hashable; typing sees `type[object]` as not)
+    return _fetch_codes_of(fetcher_class)
+
+
+@cache
+def _fetch_codes_of(fetcher_class: type) -> frozenset[CodeType]:
     return frozenset(
         function.__code__
-        for cls in type(fetcher).__mro__
+        for cls in fetcher_class.__mro__
         for function in vars(cls).values()
         if isinstance(function, FunctionType) and _reads(function.__code__, "_start_profiler")
     )
@@ -448,12 +454,13 @@ def _reads(code: CodeType, attribute: str) -> bool:
     )
 
 
-def inside_fetch(fetcher: object, codes: frozenset[CodeType]) -> bool:
-    """Whether the caller runs inside a fetch of ``fetcher``: one of ``codes`` is on the stack with it as ``self``.
+def inside_fetch(fetcher: object) -> bool:
+    """Whether the caller runs inside a fetch of ``fetcher``: one of its :func:`fetch_codes` runs with it as ``self``.
 
     Asked where a loader starts a pass (rarely: once per epoch and loader, or per restart of a cycling loader), in
     place of a flag the fetcher would set and clear around every fetch.
     """
+    codes = fetch_codes(fetcher)
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code in codes and frame.f_locals.get("self") is fetcher:

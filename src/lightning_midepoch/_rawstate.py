@@ -107,9 +107,13 @@ class _KeptCopy:
         """Copy the blocks if one changed since the latest copy."""
         now = b"".join(self.marks)
         if now != self.last:
-            for buffer, source in zip(self.buffers, self.sources):
-                buffer[:] = source
-            self.last = now
+            self.copy(now)
+
+    def copy(self, marks: bytes) -> None:
+        """Copy the blocks, whose marks (joined) are now ``marks``."""
+        for buffer, source in zip(self.buffers, self.sources):
+            buffer[:] = source
+        self.last = marks
 
 
 def _python_index_offset() -> int | None:
@@ -357,8 +361,9 @@ class BatchStartStates:
         if self._rand._bit_generator is not self._bit_generator:
             self._follow_numpy()
         kept = self._kept
-        if b"".join(kept.marks) != kept.last:  # (refresh's test, inline: this runs at every batch)
-            kept.refresh()
+        now = b"".join(kept.marks)  # (kept.refresh(), inline: this runs at every batch)
+        if now != kept.last:
+            kept.copy(now)
         if self._python is not None:
             self._gauss_next = self._random.gauss_next
         if self._documented or (self._cuda and torch.cuda.is_initialized()):  # type: ignore[no-untyped-call]

@@ -11,7 +11,6 @@ their own position (:class:`~lightning_midepoch._passes.ResumedPass`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import CodeType
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_midepoch import _compat, _rng, _workers
@@ -47,7 +46,6 @@ class _Session:
         self.recorders: list[_IndexSamplerRecorder | None] = []
         self.combined_loader: CombinedLoader | None = None
         self.fetcher: _DataFetcher | None = None
-        self.fetch_codes: frozenset[CodeType] = frozenset()  # the fetcher's methods that fetch (see in_training_fetch)
         # flags shared with the loop and fetcher overrides
         self.hold_next_iter = False
         self.iterator_held = False
@@ -106,7 +104,6 @@ class _Session:
         fetcher, original = mixed_copy(fetcher, _ResumableDataFetcher, first={"_midepoch": self})
         self._originals.append((fetcher, original))
         self.fetcher = fetcher
-        self.fetch_codes = _compat.fetch_codes(fetcher)
         return fetcher
 
     def in_training_fetch(self) -> bool:
@@ -116,7 +113,7 @@ class _Session:
         recorded. The fetch is found on the stack, so that nothing runs after every fetch to say that it ended.
         """
         fetcher = self.fetcher
-        return self.starting_iterator or (fetcher is not None and _compat.inside_fetch(fetcher, self.fetch_codes))
+        return self.starting_iterator or (fetcher is not None and _compat.inside_fetch(fetcher))
 
     def fetch_hooks_changed(self) -> None:
         """What the hooks around a fetch have to do changed: the fetcher binds them again."""

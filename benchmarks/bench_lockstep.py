@@ -1,12 +1,12 @@
 """Benchmark 2b: the callback's steady-state cost per step, the arms trained in lock step.
 
-On a shared machine the speed of the CPU drifts by tens of percent from one second to the next, far more than the
-1% this benchmark looks for; runs of the arms one after another (``bench_overhead``) see that drift as noise. Here
-the three arms (no callback, an empty ``Callback``, ``MidEpochResume``) train at the same time, each in a thread of
-its own, and take turns of a few steps: a turn of each arm, then of each arm again, the order rotating from round to
-round (ABC, BCA, CAB, ...). Only one thread runs at any moment (the others wait for their turn), so a step is timed
-in its thread's CPU time, from one ``on_train_batch_start`` to the next (the step and the next batch's fetch, where
-the callback's per-batch work happens). Turns of the same round ran within a few milliseconds of each other: their
+On a shared machine the speed of the CPU drifts by tens of percent from one second to the next, far more than the 1%
+this benchmark looks for; runs of the arms one after another (``bench_overhead``) see that drift as noise. Here the arms
+(no callback, a second arm without one, an empty ``Callback``, ``MidEpochResume``) train at the same time, each in a
+thread of its own, and take turns of a few steps: a turn of each arm, then of each arm again, the order rotating from
+round to round (ABCD, BCDA, CDAB, ...). Only one thread runs at any moment (the others wait for their turn), so a step
+is timed in its thread's CPU time, from one ``on_train_batch_start`` to the next (the step and the next batch's fetch,
+where the callback's per-batch work happens). Turns of the same round ran within a few milliseconds of each other: their
 differences cancel the drift.
 
 The threads run on one core (the process is pinned to it for the measurement): they take turns anyway, and on a
@@ -17,37 +17,81 @@ against included).
 
 The first step of a turn follows another arm's step, in caches that arm filled, which costs more the more code a
 step runs; the steps after it follow a step of their own arm, as in a real run. Per turn, the median of those later
-steps is compared. Reported per model: each arm's median step, and for ``MidEpochResume`` and the empty ``Callback``
-against no callback the median of the per-turn differences, with a 95% confidence interval (from the order
-statistics of the differences); and the same for the first steps of the turns. The goal is under 1% of the MLP
-step, judged on its own difference's upper 95% bound (the callback's cost grows with the step around it: what it
-reads at each batch is colder after a larger step).
+steps is compared.
+
+One process is not enough. Each arm's model, optimizer and data lie where that process's allocations put them, and
+the same code measured in two processes differs by about 10 µs per step on the MLP: more than one process's interval
+is wide, and as much as the goal. A fourth arm shows it: a second arm without a callback, whose difference from the
+first would be zero in a perfect measurement. So the lock step runs in several fresh processes, each starting the
+arms' threads in another order, and every difference is reported as the mean of the processes' medians, with a 95%
+interval from the spread between processes (Student's t): a process's own noise and its layout both count. Reported
+per model: each arm's median step, and for each arm against no callback that difference and interval; the same for
+the first steps of the turns; and per process, the MLP's differences. The goal is under 1% of the MLP step, judged
+on its own difference's upper 95% bound (the callback's cost grows with the step around it: what it reads at each
+batch is colder after a larger step).
+
 Run alone: ``python benchmarks/bench_lockstep.py``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import subprocess
+import sys
+import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 from _common import collect_garbage, freeze_heap, make_trainer, median, progress, table
-from bench_overhead import ARMS, BASELINE, CONTROL, GOAL_OVERHEAD, MLP, OURS, WARMUP_STEPS, Setting
+from bench_overhead import BASELINE, CONTROL, GOAL_OVERHEAD, MLP, OURS, WARMUP_STEPS, Setting
 
 from lightning_midepoch import MidEpochResume
 
-#: The models timed (num_workers=0: the whole step runs in the arm's thread), and the steps measured per arm.
-SETTINGS = (
-    Setting((128, 256, 256, 10), num_workers=0, measured_steps=4000),
-    Setting((8, 8), num_workers=0, measured_steps=4000),
-)
+#: A second arm without a callback: its difference from the first is the measurement's own error
+AGAIN = "no callback (again)"
+ARMS = (BASELINE, AGAIN, CONTROL, OURS)
+#: Each arm's callbacks (made in its thread)
+ARM_CALLBACKS: dict[str, Callable[[], list[L.Callback]]] = {
+    BASELINE: list,
+    AGAIN: list,
+    CONTROL: lambda: [L.Callback()],
+    OURS: lambda: [MidEpochResume()],
+}
 #: Steps an arm trains before the next arm's turn: the first follows another arm's step, the others its own.
 STEPS_PER_TURN = 10
+#: Fresh processes per model, and the turns each arm takes in each
+PROCESSES = 12
+TURNS_PER_PROCESS = 300
+#: The models timed (num_workers=0: the whole step runs in the arm's thread)
+SETTINGS = (
+    Setting((128, 256, 256, 10), num_workers=0, measured_steps=TURNS_PER_PROCESS * STEPS_PER_TURN),
+    Setting((8, 8), num_workers=0, measured_steps=TURNS_PER_PROCESS * STEPS_PER_TURN),
+)
+#: Student's t at 97.5% by degrees of freedom: a two-sided 95% interval from a few processes' medians
+_T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131)
+
+
+def start_orders(arms: Sequence[str], count: int) -> list[tuple[str, ...]]:
+    """The order each of ``count`` processes starts the arms' threads in (each thread allocates its arm's model as it
+    starts): rotations of the arms and of their reverse, in turn, so that each arm starts in every place.
+
+    >>> start_orders("abc", 4)
+    [('a', 'b', 'c'), ('c', 'b', 'a'), ('b', 'c', 'a'), ('b', 'a', 'c')]
+    """
+    forward, backward = list(arms), list(reversed(arms))
+    orders = []
+    for index in range(count):
+        base = forward if index % 2 == 0 else backward
+        shift = index // 2 % len(base)
+        orders.append(tuple(base[shift:] + base[:shift]))
+    return orders
 
 
 class _Relay:
@@ -125,12 +169,13 @@ class _Turns(L.Callback):
 
 
 def _timed_steps(relay: _Relay, setting: Setting) -> None:
+    """Train every arm in a thread of its own, the threads started in the relay's order, and wait for them."""
     errors: list[BaseException] = []
 
     def train(arm: str) -> None:
         L.seed_everything(0, verbose=False)
         model = MLP(setting)
-        extra = {BASELINE: [], CONTROL: [L.Callback()], OURS: [MidEpochResume()]}[arm]
+        extra = ARM_CALLBACKS[arm]()
         trainer = make_trainer([*extra, _Turns(relay, arm)], max_steps=WARMUP_STEPS + setting.measured_steps + 1)
         try:
             trainer.fit(model)
@@ -140,7 +185,7 @@ def _timed_steps(relay: _Relay, setting: Setting) -> None:
         finally:
             relay.finished(arm)
 
-    threads = [threading.Thread(target=train, args=(arm,), name=arm) for arm in ARMS]
+    threads = [threading.Thread(target=train, args=(arm,), name=arm) for arm in relay.arms]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -149,7 +194,7 @@ def _timed_steps(relay: _Relay, setting: Setting) -> None:
         raise errors[0]
 
 
-def _median_interval(values: list[float]) -> tuple[float, float, float]:
+def _median_interval(values: Sequence[float]) -> tuple[float, float, float]:
     """The median of ``values`` and a 95% confidence interval for it (order statistics, normal approximation)."""
     ordered = sorted(values)
     n = len(ordered)
@@ -158,13 +203,15 @@ def _median_interval(values: list[float]) -> tuple[float, float, float]:
     return median(ordered), ordered[low], ordered[high]
 
 
-def _differences(per_turn: dict[str, list[float]]) -> dict[str, Any]:
-    """Per arm against no callback: the median of the per-turn differences and its 95% interval."""
-    result = {}
-    for arm in (OURS, CONTROL):
-        middle, low, high = _median_interval([ours - base for ours, base in zip(per_turn[arm], per_turn[BASELINE])])
-        result[arm] = {"median_difference_s": middle, "interval_s": [low, high]}
-    return result
+def _mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """The mean of ``values`` (one per process) and its 95% interval (Student's t, the processes as the sample)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, -math.inf, math.inf
+    spread = math.sqrt(sum((value - mean) ** 2 for value in values) / (n - 1))
+    half_width = _T_975[min(n - 1, len(_T_975)) - 1] * spread / math.sqrt(n)
+    return mean, mean - half_width, mean + half_width
 
 
 @contextmanager
@@ -182,57 +229,108 @@ def _one_core() -> Iterator[int | None]:
         os.sched_setaffinity(0, cores)
 
 
-def measure(setting: Setting) -> dict[str, Any]:
-    progress(
-        f"lock step: {setting.title}, {setting.measured_steps} steps per arm, {len(ARMS)} arms in turns of "
-        f"{STEPS_PER_TURN} steps"
-    )
+def one_process(setting: Setting, order: Sequence[str]) -> dict[str, Any]:
+    """The lock step in this process, the arms' threads started in ``order``: per arm, each whole turn's median step
+    after its first, and its first step."""
     collect_garbage()
     freeze_heap()
-    relay = _Relay(ARMS, STEPS_PER_TURN)
+    relay = _Relay(tuple(order), STEPS_PER_TURN)
     with _one_core() as core:
         _timed_steps(relay, setting)
     # whole turns only (an arm's last one may have been cut short by the end of its fit)
     turns = {arm: [turn for turn in values if len(turn) == STEPS_PER_TURN] for arm, values in relay.turns.items()}
     count = min(len(values) for values in turns.values())
-    # per turn: the median of the steps after the first (each follows a step of its own arm, as in a real run), and
-    # the first (which follows another arm's)
-    following = {arm: [median(turn[1:]) for turn in values[:count]] for arm, values in turns.items()}
-    first = {arm: [turn[0] for turn in values[:count]] for arm, values in turns.items()}
+    return {
+        "order": list(order),
+        "core": core,
+        # per turn: the median of the steps after the first (each follows a step of its own arm, as in a real run),
+        # and the first (which follows another arm's)
+        "following": {arm: [median(turn[1:]) for turn in values[:count]] for arm, values in turns.items()},
+        "first": {arm: [turn[0] for turn in values[:count]] for arm, values in turns.items()},
+    }
+
+
+def _in_fresh_process(setting_index: int, order: Sequence[str]) -> dict[str, Any]:
+    """:func:`one_process` in a new interpreter (its own memory layout), which writes the result to a file."""
+    with tempfile.TemporaryDirectory() as directory:
+        out = Path(directory) / "turns.json"
+        command = [sys.executable, __file__, "--process", str(setting_index), ",".join(order), str(out)]
+        subprocess.run(command, check=True)
+        return dict(json.loads(out.read_text()))
+
+
+def _compared(processes: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    """Per arm: the median step, and against no callback the difference per process and over the processes."""
+    result: dict[str, Any] = {"median_step_s": {}, "per_process_s": {}}
+    for arm in ARMS:
+        result["median_step_s"][arm] = median([median(process[kind][arm]) for process in processes])
+    for arm in ARMS[1:]:
+        per_process = []
+        for process in processes:
+            turns = process[kind]
+            differences = [value - base for value, base in zip(turns[arm], turns[BASELINE])]
+            per_process.append(_median_interval(differences))
+        mean, low, high = _mean_interval([middle for middle, _, _ in per_process])
+        result[arm] = {"difference_s": mean, "interval_s": [low, high]}
+        result["per_process_s"][arm] = [list(values) for values in per_process]
+    return result
+
+
+def measure(setting_index: int) -> dict[str, Any]:
+    setting = SETTINGS[setting_index]
+    processes = []
+    for order in start_orders(ARMS, PROCESSES):
+        progress(
+            f"lock step: {setting.title}, process {len(processes) + 1} of {PROCESSES}, {len(ARMS)} arms in turns of "
+            f"{STEPS_PER_TURN} steps, started in the order: {', '.join(order)}"
+        )
+        processes.append(_in_fresh_process(setting_index, order))
     return {
         "model": setting.title,
         "features": list(setting.features),
-        "turns": count,
-        "core": core,
+        "processes": len(processes),
+        "turns": min(len(process["following"][BASELINE]) for process in processes),
+        "core": processes[0]["core"],
         "steps_per_turn": STEPS_PER_TURN,
-        "median_step_s": {arm: median(values) for arm, values in following.items()},
-        **_differences(following),
-        "first_of_turn": {
-            "median_step_s": {arm: median(values) for arm, values in first.items()},
-            **_differences(first),
-        },
+        "orders": [process["order"] for process in processes],
+        **_compared(processes, "following"),
+        "first_of_turn": _compared(processes, "first"),
     }
 
 
 def _interval(difference: dict[str, Any]) -> str:
     low, high = difference["interval_s"]
-    return f"{difference['median_difference_s'] * 1e6:+.1f} µs ({low * 1e6:+.1f} … {high * 1e6:+.1f})"
+    return f"{difference['difference_s'] * 1e6:+.1f} µs ({low * 1e6:+.1f} … {high * 1e6:+.1f})"
 
 
 def _share(result: dict[str, Any]) -> tuple[float, float]:
-    """The callback's added time as a share of the step without it: the median, and the upper 95% bound."""
+    """The callback's added time as a share of the step without it: the estimate, and the upper 95% bound."""
     base = result["median_step_s"][BASELINE]
-    return result[OURS]["median_difference_s"] / base, result[OURS]["interval_s"][1] / base
+    return result[OURS]["difference_s"] / base, result[OURS]["interval_s"][1] / base
+
+
+def _per_process(result: dict[str, Any]) -> str:
+    """A table of one model's processes: each one's medians of the differences, with its own 95% interval."""
+    rows = []
+    for index, order in enumerate(result["orders"]):
+        cells = []
+        for arm in (OURS, CONTROL, AGAIN):
+            middle, low, high = result["per_process_s"][arm][index]
+            cells.append(f"{middle * 1e6:+.1f} µs ({low * 1e6:+.1f} … {high * 1e6:+.1f})")
+        rows.append([index + 1, ", ".join(order), *cells])
+    header = ["process", "threads started", *(f"{arm} minus none (its 95% interval)" for arm in (OURS, CONTROL, AGAIN))]
+    return table(header, rows)
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
     header = [
         "model",
-        "turns x steps",
+        "processes x turns x steps",
         *(f"{arm}: median step" for arm in ARMS),
         "MidEpochResume minus none, per step (95% interval)",
         "share of the step (at most, 95%)",
         "empty Callback minus none (95% interval)",
+        "no callback again minus none: the measurement's error (95% interval)",
         f"goal < {GOAL_OVERHEAD:.0%} (at 95%)",
         "first step of a turn: MidEpochResume minus none",
     ]
@@ -242,26 +340,34 @@ def markdown(results: list[dict[str, Any]]) -> str:
         rows.append(
             [
                 result["model"],
-                f"{result['turns']} x {result['steps_per_turn']}",
+                f"{result['processes']} x {result['turns']} x {result['steps_per_turn']}",
                 *(f"{result['median_step_s'][arm] * 1e3:.3f} ms" for arm in ARMS),
                 _interval(result[OURS]),
                 f"{share:+.2%} ({high:+.2%})",
                 _interval(result[CONTROL]),
+                _interval(result[AGAIN]),
                 "met" if high < GOAL_OVERHEAD else "**not met**",
                 _interval(result["first_of_turn"][OURS]),
             ]
         )
     core = results[0].get("core")
     return (
-        "The arms train at the same time, in threads that take turns of "
-        f"{STEPS_PER_TURN} steps (the order rotating from round to round), so that the drift of a shared machine's "
-        "speed cancels in the differences between turns of the same round; a step is timed in its thread's CPU time, "
-        f"{WARMUP_STEPS} warm-up steps per arm first, every thread on one core"
-        f"{f' (core {core})' if core is not None else ''}. num_workers=0: the whole step runs in the arm's thread. "
-        "The step times compared are, per turn, the median of the steps after the first, each of which follows a "
-        "step of its own arm as in a real run. The first step of a turn follows another arm's, in caches that arm "
-        "filled: the last column shows what that costs, a cost that grows with the code a step runs (an upper "
-        "bound).\n\n" + table(header, rows) + "\n\n" + verdict(results)
+        f"The arms train at the same time, in threads that take turns of {STEPS_PER_TURN} steps (the order rotating "
+        "from round to round), so that the drift of a shared machine's speed cancels in the differences between "
+        f"turns of the same round; a step is timed in its thread's CPU time, {WARMUP_STEPS} warm-up steps per arm "
+        f"first, every thread on one core{f' (core {core})' if core is not None else ''}. num_workers=0: the whole "
+        "step runs in the arm's thread. The step times compared are, per turn, the median of the steps after the "
+        "first, each of which follows a step of its own arm as in a real run. Each model is measured in "
+        f"{results[0]['processes']} fresh processes, which start the arms' threads in different orders; a difference "
+        "is the mean of the processes' medians, and its 95% interval comes from the spread between the processes. "
+        "The second arm without a callback shows the measurement's own error. The first step of a turn follows "
+        "another arm's, in caches that arm filled: the last column shows what that costs, a cost that grows with the "
+        "code a step runs (an upper bound).\n\n"
+        + table(header, rows)
+        + f"\n\nPer process, {results[0]['model']}:\n\n"
+        + _per_process(results[0])
+        + "\n\n"
+        + verdict(results)
     )
 
 
@@ -271,15 +377,15 @@ def verdict(results: list[dict[str, Any]]) -> str:
     share, high = _share(mlp)
     low_s, high_s = mlp[OURS]["interval_s"]
     return (
-        f"Lock step, {mlp['model']}: the callback adds {mlp[OURS]['median_difference_s'] * 1e6:.1f} µs per step "
-        f"(95%: {low_s * 1e6:+.1f} to {high_s * 1e6:+.1f}), {share:.2%} (at most {high:.2%}) of its "
-        f"{mlp['median_step_s'][BASELINE] * 1e3:.2f} ms step; goal < {GOAL_OVERHEAD:.0%} at 95%: "
-        f"{'met' if high < GOAL_OVERHEAD else 'not met'}."
+        f"Lock step, {mlp['model']}, {mlp['processes']} processes: the callback adds "
+        f"{mlp[OURS]['difference_s'] * 1e6:.1f} µs per step (95%: {low_s * 1e6:+.1f} to {high_s * 1e6:+.1f}), "
+        f"{share:.2%} (at most {high:.2%}) of its {mlp['median_step_s'][BASELINE] * 1e3:.2f} ms step; goal < "
+        f"{GOAL_OVERHEAD:.0%} at 95%: {'met' if high < GOAL_OVERHEAD else 'not met'}."
     )
 
 
 def run() -> dict[str, Any]:
-    results = [measure(setting) for setting in SETTINGS]
+    results = [measure(index) for index in range(len(SETTINGS))]
     return {"markdown": {"lockstep": markdown(results)}, "json": results, "plots": []}
 
 
@@ -287,4 +393,8 @@ if __name__ == "__main__":
     from _common import setup_process
 
     setup_process()
-    print(run()["markdown"]["lockstep"])
+    if sys.argv[1:2] == ["--process"]:  # one process of :func:`measure`
+        setting_index, order, out = int(sys.argv[2]), sys.argv[3].split(","), Path(sys.argv[4])
+        out.write_text(json.dumps(one_process(SETTINGS[setting_index], order)))
+    else:
+        print(run()["markdown"]["lockstep"])

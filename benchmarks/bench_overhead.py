@@ -207,6 +207,12 @@ def projection(results: list[dict[str, Any]]) -> str:
     """The near-empty step's added time as a share of the MLP's step, and the step time where it stays under goal."""
     added = results[-1]["cpu"]["median_difference_s"]
     step = results[0]["cpu"]["median_s"][BASELINE]
+    if added <= 0:
+        return (
+            f"Projection: runs one after another measured no added time on the {results[-1]['model']} step "
+            f"({added * 1e6:.0f} µs, main-process CPU): the machine's drift between runs is larger than the "
+            "callback's cost; the lock step below measures it."
+        )
     return (
         f"Projection: the time added per step where it is measured most precisely ({results[-1]['model']}, "
         f"main-process CPU), {added * 1e6:.0f} µs, is {added / step:.1%} of the {results[0]['model']} step "

@@ -72,10 +72,13 @@ def headline(results: dict[str, Any]) -> list[str]:
     for setting in results["lockstep"]:
         ours, base = setting[bench_lockstep.OURS], setting["median_step_s"][bench_lockstep.BASELINE]
         low, high = ours["interval_s"]
+        error_low, error_high = setting[bench_lockstep.AGAIN]["interval_s"]
         lines.append(
-            f"- Steady-state overhead in lock step, {setting['model']}: {ours['median_difference_s'] * 1e6:+.1f} µs "
-            f"per step (95%: {low * 1e6:+.1f} to {high * 1e6:+.1f}), {ours['median_difference_s'] / base:+.2%} of its "
-            f"{base * 1e3:.2f} ms step."
+            f"- Steady-state overhead in lock step ({setting['processes']} processes), {setting['model']}: "
+            f"{ours['difference_s'] * 1e6:+.1f} µs per step (95%: {low * 1e6:+.1f} to {high * 1e6:+.1f}), "
+            f"{ours['difference_s'] / base:+.2%} of its {base * 1e3:.2f} ms step; no callback against itself: "
+            f"{setting[bench_lockstep.AGAIN]['difference_s'] * 1e6:+.1f} µs ({error_low * 1e6:+.1f} to "
+            f"{error_high * 1e6:+.1f})."
         )
     lines.append(f"- {bench_lockstep.verdict(results['lockstep'])}")
     sizes = [row["state_bytes"] for row in results["size_memory"]["state_size"]]

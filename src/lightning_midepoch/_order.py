@@ -46,9 +46,14 @@ class _PassRecord:
     _counter: enumerate[Any] | None = field(default=None, repr=False, compare=False)
 
     def count(self, iterator: Iterator[Any]) -> enumerate[Any]:
-        """``iterator``'s items numbered from 1; :attr:`pulled` is kept by the count (read when the state is saved)."""
+        """Count the pass from its start: ``iterator``'s items numbered from 1 (:attr:`pulled` is read from them)."""
+        self.pulled, self.exhausted = 0, False
         self._counter = enumerate(iterator, 1)
         return self._counter
+
+    def count_from(self, pulled: int) -> None:
+        """Count the pass in :attr:`pulled` itself, from item ``pulled`` on (any earlier count is dropped)."""
+        self.pulled, self.exhausted, self._counter = pulled, False, None
 
     def _taken(self) -> int | None:
         """Items the loader has taken from this pass so far (``pulled``, read from the count while there is one)."""
@@ -289,7 +294,6 @@ class _IndexSamplerRecorder:
         # a generator: this body runs at the first next(), when generator-based samplers draw
         record.capture_first_next(self._midepoch_rng_objects)
         record.index, self.passes = self.passes, self.passes + 1
-        record.pulled, record.exhausted = 0, False
         counted = record.count(iterator)
         first: tuple[int, Any] | None = next(counted, None)
         if first is not None:
@@ -317,13 +321,13 @@ class _IndexSamplerRecorder:
             else:
                 _apply(self._midepoch_rng_objects, record.first_next_states())
             first = next(iterator, _SENTINEL)
-        record.pulled, record.exhausted = skip, False
+        record.count_from(skip)
         if first is _SENTINEL:
             record.exhausted = True
             if exhausted:
                 _rng.restore_objects(self._midepoch_rng_objects, states)
             return
-        record.pulled += 1
+        record.pulled = skip + 1
         yield first
         yield from _positions(iterator, record, pulled, exhausted, states, self._midepoch_rng_objects)
 

@@ -112,50 +112,6 @@ def test_check_fetcher_names_what_is_missing():
         _compat.check_fetcher(fetcher)
 
 
-class _AsksAtItsFirstItem:
-    """An iterable whose pass starts at its first next() (as a generator-based sampler's does), asking where it is."""
-
-    def __init__(self, fetcher_of_interest) -> None:
-        self.fetcher = fetcher_of_interest
-        self.answers: list[bool] = []
-
-    def __iter__(self):
-        self.answers.append(_compat.inside_fetch(self.fetcher()))
-        yield from (1, 2, 3)
-
-
-@pytest.mark.parametrize("kind", ["_PrefetchDataFetcher", "_DataFetcher", "_DataLoaderIterDataFetcher"])
-def test_inside_fetch_is_true_only_inside_a_fetch_of_that_fetcher(kind):
-    from lightning.pytorch.loops import fetchers
-    from lightning.pytorch.utilities import CombinedLoader
-
-    fetchers_made = []
-
-    def fetching(iterable):
-        fetcher = getattr(fetchers, kind)()
-        fetcher.setup(CombinedLoader(iterable))
-        fetchers_made.append(fetcher)
-        return fetcher
-
-    def first_batch(fetcher):
-        step = next(iter(fetcher))
-        if kind == "_DataLoaderIterDataFetcher":
-            next(step)  # the training step takes its batch itself
-
-    ours_asked = _AsksAtItsFirstItem(lambda: fetchers_made[0])
-    ours = fetching(ours_asked)
-    other_asked = _AsksAtItsFirstItem(lambda: ours)
-    other = fetching(other_asked)
-    assert _compat.fetch_codes(ours) == {fetchers._DataFetcher.__next__.__code__}
-    first_batch(ours)
-    first_batch(other)
-    outside = _AsksAtItsFirstItem(lambda: ours)
-    next(iter(outside))
-    assert ours_asked.answers == [True]
-    assert other_asked.answers == [False]  # another fetcher's fetch
-    assert outside.answers == [False]
-
-
 # ---------------------------------------------------------------------------------------------- private names
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted((Path(_compat.__file__).parent).glob("*.py"))

@@ -16,7 +16,6 @@ changed one of them is refused until the overrides are checked against it, unles
 from __future__ import annotations
 
 import ast
-import dis
 import hashlib
 import importlib
 import inspect
@@ -26,7 +25,6 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from functools import cache
-from types import CodeType, FunctionType
 from typing import TYPE_CHECKING, Any
 
 from packaging.version import Version
@@ -89,8 +87,6 @@ OTHER_PRIVATE_NAMES = (
     "_iterator",  # the CombinedLoader's mode iterator, and a DataLoader's persistent-workers iterator
     "_idx",  # the CombinedLoader mode iterator's batch index
     "_reconstructor",  # copyreg's: how a stock loop object pickles
-    "_inst",  # Python's `random` module: its global generator instance (raw state snapshots, _rawstate)
-    "_rand",  # numpy's `np.random.mtrand`: its global RandomState (raw state snapshots, _rawstate)
     "_ex_iterable",  # Hugging Face datasets' IterableDataset: its chain of example iterables (unsaved_buffer)
     "_get_iterator",  # torch's DataLoader: creates a new iterator (and its workers); persistent workers reuse theirs
     "_send_idx",  # torch's multi-process DataLoader iterator: the batches handed to the workers in this pass
@@ -98,15 +94,6 @@ OTHER_PRIVATE_NAMES = (
     "_starting_state_dict",  # ... the state it loaded, applied at every pass of its epoch (forget_restored_position)
     "_combined_loader_states_to_load",  # the fit loop's stateful loader states, until it loads them
     "_load_state_dicts",  # CombinedLoader: gives its stateful loaders their states (in order)
-    "_getframe",  # Python's `sys`: whether a loader's pass starts inside a fetch (inside_fetch)
-)
-
-#: Internals that are not names: memory layouts read as raw bytes at every batch start (_rawstate), each found and
-#: checked against the documented reads (``getstate``, ``get_state``) on probes before it is used, else not used.
-RAW_LAYOUTS = (
-    "random.Random: the Mersenne Twister's position and words",
-    "numpy's legacy RandomState: its cached gaussian (the words through the public ctypes.state_address)",
-    "torch's CPUGeneratorImpl (behind the Python Generator's first field): the engine and its cached normal samples",
 )
 
 #: Private attributes of the train data fetcher (created inside ``setup_data``, checked when it is taken over) and of
@@ -118,8 +105,6 @@ REQUIRED_FETCHER_ATTRIBUTES = (
     "done",
     "reset",
     "combined_loader",
-    "_start_profiler",
-    "_stop_profiler",
 )
 #: Read where the fetcher has it: the batches a ``_PrefetchDataFetcher`` fetched ahead (other fetchers have none).
 OPTIONAL_FETCHER_ATTRIBUTES = ("batches",)
@@ -128,14 +113,11 @@ REQUIRED_COMBINED_LOADER_ATTRIBUTES = ("_iterator", "_mode", "_limits", "flatten
 #: Where unchecked Lightning releases are allowed (a warning instead of the error): set to ``1``.
 UNVERIFIED_ENV = "LIGHTNING_MIDEPOCH_UNVERIFIED"
 
-#: Where Lightning calls the callbacks' hooks: it skips a hook that is not callable (the callback's idle hooks).
-_CALLBACK_HOOKS_CALLER = "trainer.call:_call_callback_hooks"
-
 #: The stock methods whose fingerprints are checked: ``"module:Class.method"`` or ``"module:function"`` under the
 #: trainer package (``lightning.pytorch`` or ``pytorch_lightning``). Every method the overrides replace and call
 #: through ``super()``, every one whose body they copy or complete (``on_run_start``, ``__iter__``,
-#: ``CombinedLoader.__iter__``), and every one whose internals they rely on (the fetchers' profiler call sites, the
-#: restart stages, the progress counters, when the loaded checkpoint is there, the skipped hooks).
+#: ``CombinedLoader.__iter__``), and every one whose internals they rely on (the fetchers' ``next()`` of the
+#: ``CombinedLoader``, the restart stages, the progress counters, when the loaded checkpoint is there).
 CHECKED_METHODS = (
     "loops.loop:_Loop.load_state_dict",
     "loops.loop:_Loop.restarting",
@@ -176,7 +158,6 @@ CHECKED_METHODS = (
     "utilities.combined_loader:_ModeIterator.__init__",
     "trainer.connectors.checkpoint_connector:_CheckpointConnector.restore_loops",
     "trainer.connectors.checkpoint_connector:_CheckpointConnector.resume_end",
-    _CALLBACK_HOOKS_CALLER,
 )
 
 #: The fingerprint of a method the release does not define (where that is one of the accepted versions).
@@ -272,20 +253,6 @@ def changed_methods(package: str) -> list[str]:
     return changed
 
 
-def skips_uncallable_hooks(trainer: Trainer) -> bool:
-    """Whether the trainer's Lightning skips a callback hook that is not callable (a checked release's code does).
-
-    Example:
-        >>> import lightning as L
-        >>> skips_uncallable_hooks(L.Trainer(logger=False, enable_checkpointing=False))
-        True
-
-    """
-    module_name, qualname = _CALLBACK_HOOKS_CALLER.split(":")
-    module = importlib.import_module(f"{_pytorch_module(trainer)}.{module_name}")
-    return live_fingerprint(module, qualname) in _fingerprints.FINGERPRINTS[_CALLBACK_HOOKS_CALLER]
-
-
 def live_fingerprint(module: object, qualname: str) -> str:
     """The fingerprint of method ``qualname`` (``"Class.method"``, or a function's name) in ``module`` now.
 
@@ -300,8 +267,8 @@ def live_fingerprint(module: object, qualname: str) -> str:
     function: Any = attribute.fget if isinstance(attribute, property) else attribute
     try:
         filename = inspect.getsourcefile(function)
-        first_line = function.__code__.co_firstlineno
-    except (TypeError, AttributeError):
+        first_line = inspect.getsourcelines(function)[1]
+    except (TypeError, OSError):
         return "unreadable"
     for node in ast.walk(_parsed(filename or "")):
         if (
@@ -417,56 +384,11 @@ def check_fetcher(fetcher: object) -> None:
             missing.append("combined_loader module._SUPPORTED_MODES")
     if not hasattr(sys.modules[type(fetcher).__module__], "_DataLoaderIterDataFetcher"):
         missing.append("fetchers module._DataLoaderIterDataFetcher")
-    if not fetch_codes(fetcher):
-        missing.append("a method that calls _start_profiler")
     if missing:
         raise RuntimeError(
             f"lightning-midepoch cannot run with {namespace(fetcher)} {lightning_version(fetcher)}: its train data"
             f" fetcher lacks {', '.join(missing)}. Supported releases are {namespace(fetcher)}{SUPPORTED_RANGE}."
         )
-
-
-def fetch_codes(fetcher: object) -> frozenset[CodeType]:
-    """The code of the fetcher's methods that fetch from the loaders: those that call ``self._start_profiler()``.
-
-    In every supported release that is ``_DataFetcher.__next__`` (its fingerprint is checked), which every fetch goes
-    through: the prefetching fetcher's, and the ``dataloader_iter`` wrapper's.
-    """
-    fetcher_class: Any = type(fetcher)  # (a class is hashable; typing sees `type[object]` as not)
-    return _fetch_codes_of(fetcher_class)
-
-
-@cache
-def _fetch_codes_of(fetcher_class: type) -> frozenset[CodeType]:
-    return frozenset(
-        function.__code__
-        for cls in fetcher_class.__mro__
-        for function in vars(cls).values()
-        if isinstance(function, FunctionType) and _reads(function.__code__, "_start_profiler")
-    )
-
-
-def _reads(code: CodeType, attribute: str) -> bool:
-    """Whether ``code`` reads ``attribute`` of an object (a call does; ``__init__``, which only sets it, does not)."""
-    return attribute in code.co_names and any(
-        instruction.argval == attribute and instruction.opname in ("LOAD_ATTR", "LOAD_METHOD")
-        for instruction in dis.get_instructions(code)
-    )
-
-
-def inside_fetch(fetcher: object) -> bool:
-    """Whether the caller runs inside a fetch of ``fetcher``: one of its :func:`fetch_codes` runs with it as ``self``.
-
-    Asked where a loader starts a pass (rarely: once per epoch and loader, or per restart of a cycling loader), in
-    place of a flag the fetcher would set and clear around every fetch.
-    """
-    codes = fetch_codes(fetcher)
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code in codes and frame.f_locals.get("self") is fetcher:
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
 
 
 def reload_every_n_epochs(trainer: Trainer) -> int:

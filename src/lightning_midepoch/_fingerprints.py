@@ -133,7 +133,4 @@ FINGERPRINTS: dict[str, dict[str, str]] = {
     "trainer.connectors.checkpoint_connector:_CheckpointConnector.resume_end": {
         "17ac285868611099": "2.5.0 to 2.6.6",
     },
-    "trainer.call:_call_callback_hooks": {
-        "b9eadc07f51aeb2d": "2.5.0 to 2.6.6",
-    },
 }

@@ -49,16 +49,13 @@ class ResumedPass:
             for index, loader in enumerate(self.session.loaders)
             if S.loader_kind(loader) == S.KIND_STATEFUL and inspect.isgeneratorfunction(type(loader).__iter__)
         ]
-        self.session.fetch_hooks_changed()  # the hook after the fetch has work until the first fetch
 
     def epoch_started(self) -> None:
         """A new train iterator: its passes start afresh, and its start draws as in the uninterrupted run."""
         for restored in self.one_pass_positions:
             _compat.forget_restored_position(restored)
         self.one_pass_positions = []
-        if self.lazy_starts:
-            self.lazy_starts = []
-            self.session.fetch_hooks_changed()
+        self.lazy_starts = []
 
     def before_fetch(self) -> None:
         if self.lazy_starts:
@@ -67,7 +64,6 @@ class ResumedPass:
     def after_fetch(self) -> None:
         if self.lazy_starts:
             self._undo_lazy_seed_draw()
-            self.session.fetch_hooks_changed()
 
     def _undo_lazy_seed_draw(self) -> None:
         """After the first fetch of a resumed epoch from a loader whose iterator starts at its first ``next()``.

@@ -6,16 +6,16 @@ ints, floats, strings, lists and dicts, so that they survive ``torch.load(..., w
 
 from __future__ import annotations
 
+import ctypes
 import random
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from functools import cache
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Sampler
-
-from lightning_midepoch._attrs import attribute_values, holds
 
 _RNGState = dict[str, Any]
 
@@ -64,7 +64,12 @@ def _unpack_words(tensor: torch.Tensor) -> Any:
 
 
 def _python_state(rng: random.Random | None = None) -> dict[str, Any]:
-    version, internal, gauss_next = (rng or random).getstate()
+    return python_state_from((rng or random).getstate())
+
+
+def python_state_from(raw: tuple[Any, ...]) -> dict[str, Any]:
+    """A ``random.getstate()`` result in the saved form."""
+    version, internal, gauss_next = raw
     # 624 32-bit words and the position: all below 2**32
     return {"version": version, "state": _pack_words(internal), "gauss_next": gauss_next}
 
@@ -75,13 +80,17 @@ def _set_python_state(state: Mapping[str, Any], rng: random.Random | None = None
 
 
 def _numpy_global_state() -> dict[str, Any]:
-    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    return numpy_state_from(np.random.get_state(legacy=False))
+
+
+def numpy_state_from(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``RandomState.get_state(legacy=False)`` result of an MT19937 generator in the saved form."""
     return {
-        "name": name,
-        "keys": _pack_words(keys),
-        "pos": int(pos),
-        "has_gauss": int(has_gauss),
-        "cached_gaussian": float(cached_gaussian),
+        "name": raw["bit_generator"],
+        "keys": _pack_words(raw["state"]["key"]),
+        "pos": int(raw["state"]["pos"]),
+        "has_gauss": int(raw["has_gauss"]),
+        "cached_gaussian": float(raw["gauss"]),
     }
 
 
@@ -141,6 +150,97 @@ def restore_global(state: Mapping[str, Any]) -> int | None:
     return None
 
 
+#: Bytes of numpy's ``mt19937_state`` struct (``uint32_t key[624]; int pos``), which ``MT19937.ctypes.state_address``
+#: points at; checked against the documented ``MT19937.state`` before it is relied on (:func:`_mt19937_struct_ok`).
+_MT19937_STATE_BYTES = 4 * 624 + 4
+
+
+@cache
+def _mt19937_struct_ok() -> bool:
+    """Whether numpy's MT19937 state struct is laid out as :data:`_MT19937_STATE_BYTES` assumes (checked once)."""
+    probe = np.random.MT19937(12345)
+    raw = ctypes.string_at(probe.ctypes.state_address, _MT19937_STATE_BYTES)
+    state = probe.state["state"]
+    return bool(
+        np.array_equal(np.frombuffer(raw[:-4], dtype=np.uint32), state["key"])
+        and int(np.frombuffer(raw[-4:], dtype=np.int32)[0]) == int(state["pos"])
+    )
+
+
+def _numpy_global_mark() -> bytes | None:
+    """The bytes of the global numpy generator's Mersenne Twister, a cheap test of whether it drew (None: unknown).
+
+    numpy documents ``BitGenerator.ctypes.state_address`` (numpy >= 1.25 gives the global ``RandomState``'s bit
+    generator through ``np.random.get_bit_generator()``): copying the struct there costs well under a microsecond,
+    where ``np.random.get_state()`` costs tens.
+    """
+    get_bit_generator = getattr(np.random, "get_bit_generator", None)
+    if get_bit_generator is None:  # numpy < 1.25
+        return None
+    bit_generator = get_bit_generator()
+    if type(bit_generator) is not np.random.MT19937 or not _mt19937_struct_ok():
+        return None
+    return ctypes.string_at(bit_generator.ctypes.state_address, _MT19937_STATE_BYTES)
+
+
+class BatchStartStates:
+    """The process-wide generators' states at the latest :meth:`take` (before each fetch of a training batch).
+
+    A checkpoint written inside a batch, or after a fetch that loaded samples in the main process, makes a resumed run
+    fetch that batch again, from the states it started with. Every state is read through its documented interface:
+    torch's ``get_state()`` (about a microsecond), Python's ``random.getstate()`` (several microseconds: the one read
+    that costs) and numpy's ``get_state(legacy=False)`` (tens of microseconds), which is read only where it can have
+    changed since the latest take: its Mersenne Twister moved (:func:`_numpy_global_mark`), or it held a cached
+    gaussian, which ``np.random.randn`` and friends can use up without moving the twister.
+
+    Example:
+        >>> states = BatchStartStates()
+        >>> states.take()
+        >>> expected = (np.random.rand(), random.random(), torch.rand(3))
+        >>> restore_global(states.states())
+        >>> drawn = (np.random.rand(), random.random(), torch.rand(3))
+        >>> drawn[:2] == expected[:2] and torch.equal(drawn[2], expected[2])
+        True
+
+    """
+
+    def __init__(self) -> None:
+        # a torch built without CUDA can never initialize it: then not asked at every batch
+        self._cuda_built = torch.backends.cuda.is_built()  # type: ignore[no-untyped-call]
+        self._torch: torch.Tensor | None = None
+        self._cuda: list[torch.Tensor] | None = None
+        self._python: tuple[Any, ...] | None = None
+        self._numpy: dict[str, Any] | None = None
+        self._numpy_mark: bytes | None = None
+        self.taken = False
+
+    def take(self) -> None:
+        """Read the states as they are now."""
+        self.taken = True
+        self._torch = torch.default_generator.get_state()
+        self._cuda = None
+        if self._cuda_built and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            self._cuda = list(torch.cuda.get_rng_state_all())
+        self._python = random.getstate()
+        mark = _numpy_global_mark()
+        if mark is None or mark != self._numpy_mark or self._numpy is None or self._numpy["has_gauss"]:
+            self._numpy = np.random.get_state(legacy=False)
+            self._numpy_mark = mark
+
+    def states(self) -> dict[str, Any]:
+        """The states of the latest :meth:`take`, in :func:`capture_global`'s form."""
+        if self._torch is None or self._python is None or self._numpy is None:
+            raise RuntimeError("BatchStartStates.states() called before take()")
+        states = {
+            "torch": self._torch,
+            "numpy": numpy_state_from(self._numpy),
+            "python": python_state_from(self._python),
+        }
+        if self._cuda is not None:
+            states["cuda"] = self._cuda
+        return states
+
+
 @contextmanager
 def isolated_global() -> Iterator[None]:
     """Run a block without letting it change the process-wide CPU generators (torch, numpy, ``random``).
@@ -190,11 +290,9 @@ def _attributes(obj: Any) -> dict[str, Any]:
 def _members(obj: Any) -> list[tuple[str, Any]]:
     """An object's attributes (the usual names first, then the others by name) and the items of its short containers.
 
-    The order is fixed by the names alone, so that the same objects get the same paths when a run is resumed. Where
-    the usual names hold every generator and link there is, only those are read (see :func:`_usual_attributes`).
+    The order is fixed by the names alone, so that the same objects get the same paths when a run is resumed.
     """
-    usual = _usual_attributes(obj)
-    attrs = _attributes(obj) if usual is None else usual
+    attrs = _attributes(obj)
     first = [name for name in (*_OWNER_ATTRS, *_CHILD_ATTRS) if name in attrs]
     members: list[tuple[str, Any]] = []
     for name in first + sorted(name for name in attrs if name not in first):
@@ -205,41 +303,6 @@ def _members(obj: Any) -> list[tuple[str, Any]]:
             items = value.items() if isinstance(value, dict) else enumerate(value)
             members += [(f"{name}.{key}", item) for key, item in items]
     return members
-
-
-def _usual_attributes(obj: Any) -> dict[str, Any] | None:
-    """``obj``'s attributes under the usual names, where the others hold no generator and nothing the walk follows.
-
-    Read one by one, and compared with the collector's view of ``obj``, never through ``obj.__dict__``: reading that
-    moves the attributes CPython keeps inline into a dict on which every later read is slower (see
-    :mod:`~lightning_midepoch._attrs`), and the walk looks at datasets, which read their attributes at every sample.
-    None where that cannot be decided so (a class that defines one of the names, or computes its attributes).
-    """
-    cls = type(obj)
-    if any(name in vars(c) for c in cls.__mro__[:-1] for name in ("__getattribute__", "__getattr__")):
-        return None  # (object, last in every class's order, defines the stock __getattribute__)
-    usual = {}
-    for name in (*_OWNER_ATTRS, *_CHILD_ATTRS):
-        if any(name in vars(c) for c in cls.__mro__):
-            return None
-        try:
-            usual[name] = object.__getattribute__(obj, name)  # nothing of the class's runs: only the instance's
-        except AttributeError:
-            continue
-    # the same generators and links among the usual attributes as among all of them (which may hold them again:
-    # Lightning keeps a batch sampler's arguments, its sampler among them; the walk reports a generator once, under
-    # its first path, the usual names coming first, and goes down a link once)
-    if {id(value) for value in _useful(usual.values())} != {id(value) for value in _useful(attribute_values(obj))}:
-        return None
-    return usual
-
-
-def _useful(values: Iterable[Any]) -> list[Any]:
-    """The generators and links among ``values`` and the items of those that are short containers."""
-    items = []
-    for value in values:
-        items += [value, *(value.values() if isinstance(value, dict) else value)] if _is_short(value) else [value]
-    return [item for item in items if _is_rng_object(item) or _is_link("", item)]
 
 
 def _is_short(value: Any) -> bool:
@@ -254,8 +317,7 @@ def _is_link(name: str, value: Any) -> bool:
         return True
     if isinstance(value, (type, Iterator)):  # a class, or a live iterator (a DataLoader's): not part of the chain
         return False
-    # (the dataset too: looked at without reading its __dict__, which would slow down its reads at every sample)
-    return holds(value, Sampler)
+    return any(isinstance(attribute, Sampler) for attribute in _attributes(value).values())
 
 
 def _walk(roots: Mapping[str, Any], depth: int | None) -> tuple[dict[str, Any], list[str]]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lightning_midepoch import _compat, _rawstate, _rng
+from lightning_midepoch import _compat, _rng
 from lightning_midepoch import _state as S
 from lightning_midepoch.__about__ import __version__
 
@@ -63,14 +63,11 @@ class Saver:
         # the states Lightning gives them on a mid-epoch resume, until the resumed pass has fetched
         self.loaded_loader_states: list[Any] = []
         self.epoch_start: dict[str, Any] | None = None  # before on_train_epoch_start
-        # the process-wide generators before the batch was fetched, read cheaply: torch's, and numpy's and Python's
-        self.batch_start = _rawstate.BatchStartStates(torch_cpu=True)
-        self.backward_done = False  # the current batch's backward has run (while the backward passes are watched)
-        # Whether a batch's backward pass has run matters only where a checkpoint inside the batch can find gradients
-        # pending: under manual optimization, or accumulating gradients. Only then does the callback's
-        # on_after_backward, called by Lightning at each backward pass, report it.
-        self.watching_backward = False
-        self.manual_optimization = False
+        # the process-wide generators before the batch was fetched
+        self.batch_start = _rng.BatchStartStates()
+        # the current batch's backward has run (the callback's on_after_backward says so): a checkpoint inside the
+        # batch may then find gradients pending (manual optimization, or accumulating gradients)
+        self.backward_done = False
         self.stopped: Snapshot | None = None  # the training loop stopped before the epoch's end: the state then
 
     def attach(self, loaders: list[Any]) -> None:
@@ -101,26 +98,15 @@ class Saver:
         """Called before each epoch's ``on_train_epoch_start`` (and sampler epoch)."""
         self.epoch_start = _rng.capture_global(include_cuda=True)
         self.stopped = None
-        self.manual_optimization = not self.session.trainer.lightning_module.automatic_optimization
-
-    def watch_backward(self, watch: bool) -> None:
-        """Have the callback report every backward pass to :attr:`backward_done` from now on, or no longer.
-
-        The session asks at every fetch whether gradients can be pending inside a batch (manual optimization, or
-        accumulation: a scheduler may change ``accumulate_grad_batches`` at any epoch).
-        """
-        self.watching_backward = watch
-        self.session.watch_backward(watch)
 
     def before_fetch(self) -> None:
         """Called right before every fetch from the train loaders, where :attr:`fetch_work` says there is work.
 
-        The session copies the process-wide states first (``batch_start.take()``, which runs at every batch): a
+        The session reads the process-wide states first (``batch_start.take()``, which runs at every batch): a
         checkpoint written inside the batch makes a resumed run fetch it again, and a dataset read in the main
         process draws its augmentation as its samples are loaded, so the re-run batch starts from the states before
-        the fetch. They are copied as raw bytes into buffers kept for the purpose (no allocation), only where they
-        changed since the latest batch, and decoded only when such a checkpoint needs them (see
-        :mod:`lightning_midepoch._rawstate`). Here: the datasets' own generators, and the loaders' positions.
+        the fetch (see :class:`lightning_midepoch._rng.BatchStartStates`). Here: the datasets' own generators, and
+        the loaders' positions.
         """
         self._take_dataset_generators()
         if self.follows_positions:

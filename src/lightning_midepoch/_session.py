@@ -10,12 +10,11 @@ their own position (:class:`~lightning_midepoch._passes.ResumedPass`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from lightning_midepoch import _compat, _rng, _workers
+from lightning_midepoch import _rng, _workers
 from lightning_midepoch import _state as S
-from lightning_midepoch._fetchers import _ResumableDataFetcher
+from lightning_midepoch._fetchers import _FetchingCombinedLoader, _ResumableDataFetcher
 from lightning_midepoch._loops import _ResumableFitLoop, _ResumableTrainingEpochLoop
 from lightning_midepoch._mixin import mix_in, mixed_copy, unmix
 from lightning_midepoch._order import _IndexSamplerRecorder
@@ -35,13 +34,9 @@ OnMismatch = Literal["raise", "restart_epoch"]
 class _Session:
     """The state and actions of mid-epoch resume for one trainer during one ``fit``."""
 
-    def __init__(
-        self, trainer: Trainer, on_mismatch: OnMismatch, watch_backward: Callable[[bool], None] = lambda watch: None
-    ) -> None:
+    def __init__(self, trainer: Trainer, on_mismatch: OnMismatch) -> None:
         self.trainer = trainer
         self.on_mismatch = on_mismatch
-        # asks the callback to report every backward pass to `saver.backward_done`, or no longer (it costs a hook)
-        self.watch_backward = watch_backward
         self.loaders: list[Any] = []
         self.recorders: list[_IndexSamplerRecorder | None] = []
         self.combined_loader: CombinedLoader | None = None
@@ -54,6 +49,7 @@ class _Session:
         self.warned: set[str] = set()
         self._originals: list[tuple[object, type]] = []
         self.starting_iterator = False  # the training loop is creating its train iterator (see in_training_fetch)
+        self.fetching = False  # the training loop is fetching a batch from its train iterator (likewise)
         self.elastic: dict[str, Any] | None = None  # the epoch being finished on another world size
         self.resuming = False  # this fit resumes from a checkpoint (the loops were restored before it trained)
         self.trained = False  # the fit loop has set up its data: restores from now on are a tuner's, not a resume
@@ -110,19 +106,18 @@ class _Session:
         """Whether the training loop is creating or advancing its train iterator (asked where a loader starts a pass).
 
         Only those passes are the epoch's order; a loader iterated anywhere else (a user's callback, say) is not
-        recorded. The fetch is found on the stack, so that nothing runs after every fetch to say that it ended.
+        recorded.
         """
-        fetcher = self.fetcher
-        return self.starting_iterator or (fetcher is not None and _compat.inside_fetch(fetcher))
-
-    def fetch_hooks_changed(self) -> None:
-        """What the hooks around a fetch have to do changed: the fetcher binds them again."""
-        if isinstance(self.fetcher, _ResumableDataFetcher):
-            self.fetcher._midepoch_bind()
+        return self.starting_iterator or self.fetching
 
     def attach(self, combined_loader: CombinedLoader) -> None:
-        """Wrap the index sampler of every map-style train loader in a recorder (called before any iterator)."""
+        """Wrap the index sampler of every map-style train loader in a recorder (called before any iterator).
+
+        The ``CombinedLoader`` gets the override that calls :meth:`before_fetch` and :meth:`after_fetch` around every
+        fetch of a training batch (:class:`~lightning_midepoch._fetchers._FetchingCombinedLoader`).
+        """
         self._restore_samplers()
+        self._mix(combined_loader, _FetchingCombinedLoader)
         self.combined_loader = combined_loader
         self.loaders = list(combined_loader.flattened)
         # (searched before the recorders are in place: a search through one would read its sampler's __dict__)
@@ -136,27 +131,21 @@ class _Session:
         self.saver.attach(self.loaders)
         self.workers.attach(self.loaders, self.recorders)
 
-    # these run at every batch, in place of Lightning's own callables (which they call): one frame of Python before
-    # the fetch, and none after it unless a resumed epoch's first fetch has work there (see _midepoch_bind)
-    def before_fetch(self, start_profiler: Callable[[], None]) -> None:
-        """Called right before every fetch from the train loaders, in place of the fetcher's ``start_profiler``."""
+    def before_fetch(self) -> None:
+        """Called right before every fetch of a training batch."""
         saver = self.saver
         saver.batch_start.take()  # where the batch starts (see Saver.before_fetch)
         # the batch starts: its backward pass has not run (the fetch of the next batch follows the backward)
         saver.backward_done = False
-        watch = saver.manual_optimization or self.trainer.accumulate_grad_batches > 1
-        if watch is not saver.watching_backward:
-            saver.watch_backward(watch)
         if saver.fetch_work:
             saver.before_fetch()
         if self.resumed_pass.lazy_starts:
             self.resumed_pass.before_fetch()
-        start_profiler()
 
-    def after_fetch(self, stop_profiler: Callable[[], None]) -> None:
-        """Called after a fetch from the train loaders, in place of ``stop_profiler``: a resumed epoch's first only."""
-        stop_profiler()
-        self.resumed_pass.after_fetch()
+    def after_fetch(self) -> None:
+        """Called right after every fetch of a training batch (also one that found the iterator exhausted)."""
+        if self.resumed_pass.lazy_starts:
+            self.resumed_pass.after_fetch()
 
     def _install_recorder(self, loader: Any) -> _IndexSamplerRecorder | None:
         if S.loader_kind(loader) != S.KIND_MAP:

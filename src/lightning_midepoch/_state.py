@@ -46,7 +46,7 @@ Layout (version 1)::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from torch.utils.data import (
@@ -61,7 +61,6 @@ from torch.utils.data import (
 )
 
 from lightning_midepoch.__about__ import __version__
-from lightning_midepoch._attrs import first
 from lightning_midepoch._order import _IndexSamplerRecorder
 from lightning_midepoch._sampling import _has_stock_iter
 
@@ -168,12 +167,29 @@ def _wrapped_sampler(sampler: Any) -> Any:
     def other(value: Any) -> bool:
         return isinstance(value, Sampler) and value is not sampler
 
-    # (read without __dict__ where one value answers: see _attrs; the sampler's data source is the user's dataset)
-    own = first(sampler, other)
+    own = _first_attribute(sampler, other)
     if own is not None:
         return own
-    holder = first(sampler, lambda value: not isinstance(value, type) and first(value, other) is not None)
-    return None if holder is None else first(holder, other)
+    holder = _first_attribute(
+        sampler, lambda value: not isinstance(value, type) and _first_attribute(value, other) is not None
+    )
+    return None if holder is None else _first_attribute(holder, other)
+
+
+def _first_attribute(obj: Any, predicate: Callable[[Any], bool]) -> Any:
+    """The first of ``obj``'s attributes (``vars(obj)``, in their order) for which ``predicate`` is true, or None.
+
+    Example:
+        >>> class Wrapper:
+        ...     def __init__(self):
+        ...         self.name, self.inner, self.size = "w", [1], 2
+        >>> _first_attribute(Wrapper(), lambda value: isinstance(value, (int, list)))
+        [1]
+
+    """
+    attrs = getattr(obj, "__dict__", None)
+    values = attrs.values() if isinstance(attrs, dict) else ()
+    return next((value for value in values if predicate(value)), None)
 
 
 def global_order(index_sampler: Any) -> dict[str, Any] | None:

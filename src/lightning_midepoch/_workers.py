@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from lightning_midepoch import _compat, _rawstate, _rng
+from lightning_midepoch import _compat, _rng
 from lightning_midepoch import _state as S
 
 #: Slots per worker beyond the prefetch factor: a worker runs at most ``prefetch_factor`` batches ahead of those the
@@ -54,8 +54,6 @@ WAIT_S = 120.0
 _SEQ, _PASS, _COUNT, _SIZE = range(4)
 # fields of a worker's start record
 _SEED, _DIGEST, _STARTED = range(3)
-#: ``_STARTED`` of a worker that could not be made to end its resumed pass (see ``_end_pass``)
-_NOT_ENDED = 2
 
 #: In a worker process: the recorder of the worker's states (set by the composed ``worker_init_fn``).
 _RECORDER: _WorkerRecorder | None = None
@@ -121,7 +119,6 @@ class _WorkerRecorder:
         self.worker_id = worker_id
         self.buffers = buffers
         self.objects = _rng.find_rng_objects({"dataset": dataset})
-        self.rest = _rawstate.BatchStartStates()
         # an iterable dataset's copy in this worker keeps its own position (its state_dict())
         self.dataset = dataset if saves_position(dataset) else None
         # numpy views of this worker's part of the shared memory: writing through them costs nanoseconds per field
@@ -131,14 +128,24 @@ class _WorkerRecorder:
         self.slots, self.capacity = self.data.shape
         self.seq = 0
         self.current_pass, self.count = BEFORE_BATCHES, 0
+        # a resumed worker whose data had run out in the interrupted pass: the states to end that pass with
+        self.ended_state: Mapping[str, Any] | None = None
 
     def raw(self, ended: bool = False) -> bytes:
-        self.rest.take()
+        # the documented reads (a worker pays them once per batch, beside the work of loading it)
         torch_state = torch.default_generator.get_state().numpy().tobytes()
+        global_states = (random.getstate(), np.random.get_state(legacy=False))
         objects = {path: _raw_object_state(obj) for path, obj in self.objects.items()}
         position = self.dataset.state_dict() if self.dataset is not None else None
-        blob = (torch_state, self.rest.raw(), objects, position, ended)
+        blob = (torch_state, global_states, objects, position, ended)
         return pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        """Put the worker in the saved states: its generators, and its dataset copy's position."""
+        _rng.restore_global(state["global"])
+        _rng.restore_objects(self.objects, state["objects"])
+        if self.dataset is not None and state.get("dataset") is not None:
+            self.dataset.load_state_dict(state["dataset"])
 
     def write(self, blob: bytes) -> None:
         self.seq += 1
@@ -182,48 +189,28 @@ class _WorkerInit:
         # else (the clock, say): a resumed worker compares with what the original recorded for the same seed
         digest = int.from_bytes(hashlib.blake2b(blob, digest_size=7).digest(), "little")
         payload = self.payloads[worker_id] if self.payloads is not None and worker_id < len(self.payloads) else None
-        started = 1
         if payload is not None:
             state = payload["state"]
-            _rng.restore_global(state["global"])
-            _rng.restore_objects(recorder.objects, state["objects"])
-            if recorder.dataset is not None and state.get("dataset") is not None:
-                recorder.dataset.load_state_dict(state["dataset"])  # before the worker starts iterating its copy
-            if recorder.dataset is not None and state.get("ended"):
-                started = 1 if _end_pass(recorder.dataset) else _NOT_ENDED
-            blob = recorder.raw()
+            recorder.load(state)  # before the worker starts iterating its copy of the dataset
+            ended = recorder.dataset is not None and bool(state.get("ended"))
+            if ended:
+                recorder.ended_state = state
+            blob = recorder.raw(ended)
         recorder.write(blob)
         self.buffers.starts[worker_id, _SEED] = info.seed if info is not None else 0
         self.buffers.starts[worker_id, _DIGEST] = digest
-        self.buffers.starts[worker_id, _STARTED] = started
+        self.buffers.starts[worker_id, _STARTED] = 1
         _RECORDER = recorder
-
-
-def _end_pass(dataset: Any) -> bool:
-    """Make a worker's copy of an iterable dataset yield nothing in the resumed pass: its data had run out.
-
-    Such a copy may have reset its position to the start when it ran out (its state then says nothing of that); the
-    uninterrupted run's worker produced no more batches in the pass. Only this worker's copy changes, for one pass:
-    its class is a subclass of its own until its next ``iter()``. Returns False where the class cannot be changed.
-    """
-    original = type(dataset)
-
-    def ended_iter(self: Any) -> Any:
-        self.__class__ = original  # the next pass (persistent workers) iterates as usual
-        return iter(())
-
-    try:
-        dataset.__class__ = type(original.__name__, (original,), {"__iter__": ended_iter})
-    except Exception:  # a class that cannot be subclassed or assigned (slots, C types): the resume warns
-        return False
-    return True
 
 
 class _RecordingCollate:
     """A train loader's ``collate_fn`` while the callback is attached: the user's, then the worker's states.
 
     For an iterable dataset, a batch shorter than ``batch_size`` is the worker's last of the pass (torch's fetcher
-    collates what is left when the dataset runs out): the slot says so.
+    collates what is left when the dataset runs out): the slot says so. A resumed worker whose data had run out in the
+    interrupted pass ends the resumed pass at its first batch, as the uninterrupted worker's pass had ended: it puts
+    its generators and its copy's position back as they were saved, so that its next pass (persistent workers) starts
+    from them, and raises ``StopIteration``, which torch's worker loop takes as the end of its iterable dataset.
     """
 
     def __init__(self, inner: Callable[[Any], Any], batch_size: int | None = None) -> None:
@@ -236,6 +223,10 @@ class _RecordingCollate:
             return self.inner(batch)
         if isinstance(batch, list) and not batch:
             return None  # an empty index list that shifts the rotation of a resumed pass: its result is dropped
+        if recorder.ended_state is not None:
+            state, recorder.ended_state = recorder.ended_state, None
+            recorder.load(state)
+            raise StopIteration
         result = self.inner(batch)
         recorder.batch_done(self.batch_size is not None and isinstance(batch, list) and len(batch) < self.batch_size)
         return result
@@ -244,8 +235,12 @@ class _RecordingCollate:
 # ---------------------------------------------------------------------------------------------- in the main process
 def _decode(blob: bytes) -> dict[str, Any]:
     """A slot's states in the checkpoint's form (``{"global": ..., "objects": ...}``, weights-only safe)."""
-    torch_state, rest, objects, position, ended = pickle.loads(blob)  # written by this package's own workers
-    global_state = {"torch": torch.frombuffer(bytearray(torch_state), dtype=torch.uint8), **_rawstate.decode(rest)}
+    torch_state, (python, numpy), objects, position, ended = pickle.loads(blob)  # written by this package's workers
+    global_state = {
+        "torch": torch.frombuffer(bytearray(torch_state), dtype=torch.uint8),
+        "numpy": _rng.numpy_state_from(numpy),
+        "python": _rng.python_state_from(python),
+    }
     rebuilt = {path: _object_from_raw(kind, raw) for path, (kind, raw) in objects.items()}
     state: dict[str, Any] = {"global": global_state, "objects": _rng.capture_objects(rebuilt)}
     if position is not None:
@@ -377,7 +372,6 @@ class LoaderWorkers:
         self.slots = int(loader.prefetch_factor or 2) + SPARE_SLOTS
         probe = _WorkerRecorder.__new__(_WorkerRecorder)
         probe.objects = _rng.find_rng_objects({"dataset": loader.dataset})
-        probe.rest = _rawstate.BatchStartStates()
         probe.dataset = loader.dataset if saves_position(loader.dataset) else None
         self.capacity = 2 * len(probe.raw()) + 16384
         self.current_pass = 0
@@ -541,11 +535,6 @@ class LoaderWorkers:
             time.sleep(0.001)
         for worker, payload in enumerate(payloads):
             seed, digest, started = starts[worker].tolist()
-            if started == _NOT_ENDED:
-                return (
-                    f"its worker {worker}'s data had run out in this epoch, and the copy of the dataset in the resumed"
-                    " worker cannot be kept from iterating again (its class cannot be changed)"
-                )
             if payload is not None and started and seed == payload["seed"] and digest != payload["init_digest"]:
                 return (
                     f"its worker_init_fn left worker {worker} in other random states than the original worker's with"

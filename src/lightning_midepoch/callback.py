@@ -52,24 +52,6 @@ def _adopt_imported_namespaces() -> None:
 if not TYPE_CHECKING:
     _CallbackBase = type("_CallbackBase", _callback_bases(), {"__module__": __name__})
 
-#: The hooks Lightning calls at every batch. For each callback, each call opens a profiler section named by a
-#: formatted string: more work than all of this callback's own per batch. Lightning skips a hook that is not callable,
-#: so the ones this callback has no use for are set to None on the instance (one a subclass overrides is kept).
-_BATCH_HOOKS = (
-    "on_train_batch_start",
-    "on_train_batch_end",
-    "on_before_backward",
-    "on_after_backward",
-    "on_before_optimizer_step",
-    "on_before_zero_grad",
-    "on_validation_batch_start",
-    "on_validation_batch_end",
-    "on_test_batch_start",
-    "on_test_batch_end",
-    "on_predict_batch_start",
-    "on_predict_batch_end",
-)
-
 
 class MidEpochResume(_CallbackBase):
     """Resume training exactly from the middle of an epoch.
@@ -102,20 +84,18 @@ class MidEpochResume(_CallbackBase):
         if on_mismatch not in get_args(OnMismatch):
             raise ValueError(f"`on_mismatch` must be one of {list(get_args(OnMismatch))}, got {on_mismatch!r}.")
         self.on_mismatch: OnMismatch = on_mismatch
-        self._hooks_skippable = False  # the trainer's Lightning skips a hook that is None (see _skip_idle_hooks)
         self._session: _Session | None = None
         # where the latest fit of this trainer stopped: what a checkpoint written after it records
         self._final: Snapshot | None = None
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._skip_idle_hooks(trainer)
         if stage != "fit":
             return
         _compat.check_supported(trainer)
         self._finish()  # a fit of this trainer that ended without teardown (an exception) left nothing installed
         self._final = None
-        self._session = _Session(trainer, self.on_mismatch, watch_backward=self._watch_backward)
+        self._session = _Session(trainer, self.on_mismatch)
         self._session.install()
 
     @override
@@ -127,7 +107,7 @@ class MidEpochResume(_CallbackBase):
 
     @override
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # called only while the session watches the backward passes (see _watch_backward)
+        # a checkpoint written later in this batch may find its gradients pending (see Saver.backward_done)
         if self._session is not None:
             self._session.saver.backward_done = True
 
@@ -145,27 +125,6 @@ class MidEpochResume(_CallbackBase):
     @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._finish()
-
-    def _skip_idle_hooks(self, trainer: Trainer) -> None:
-        """Make the per-batch hooks this callback does not use (Lightning's empty ones) None: Lightning skips them.
-
-        ``on_after_backward`` is ours, needed only while the session watches the backward passes: it is skipped
-        until then (unless a subclass overrides it).
-        """
-        self._hooks_skippable = _compat.skips_uncallable_hooks(trainer)
-        if not self._hooks_skippable:
-            return
-        for name in _BATCH_HOOKS:
-            owner = next(cls for cls in type(self).__mro__ if name in vars(cls))
-            if owner in _CallbackBase.__bases__ or (owner is MidEpochResume and name == "on_after_backward"):
-                setattr(self, name, None)
-
-    def _watch_backward(self, watch: bool) -> None:
-        """Have Lightning call :meth:`on_after_backward` at every backward pass, or skip it (where skipped before)."""
-        if watch:
-            vars(self).pop("on_after_backward", None)  # the class's hook again
-        elif self._hooks_skippable and type(self).on_after_backward is MidEpochResume.on_after_backward:
-            self.on_after_backward = None  # type: ignore[method-assign,assignment]
 
     def _finish(self) -> None:
         """Keep where the fit stopped, for a checkpoint written after it, and give the trainer its stock loops back."""

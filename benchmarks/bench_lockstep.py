@@ -26,9 +26,10 @@ first would be zero in a perfect measurement. So the lock step runs in several f
 arms' threads in another order, and every difference is reported as the mean of the processes' medians, with a 95%
 interval from the spread between processes (Student's t): a process's own noise and its layout both count. Reported
 per model: each arm's median step, and for each arm against no callback that difference and interval; the same for
-the first steps of the turns; and per process, the MLP's differences. The goal is under 1% of the MLP step, judged
-on its own difference's upper 95% bound (the callback's cost grows with the step around it: what it reads at each
-batch is colder after a larger step).
+the first steps of the turns; and per process, the MLP's differences. The budget: the callback costs at most 15 µs
+per step more than an empty ``Callback`` on the MLP step, judged on the upper bound of the 95% interval of their
+paired difference (the two arms' turns of the same round, per process); the same is reported as a share of a 20 ms
+step.
 
 Run alone: ``python benchmarks/bench_lockstep.py``.
 """
@@ -50,7 +51,7 @@ from typing import Any
 
 import lightning as L
 from _common import collect_garbage, freeze_heap, make_trainer, median, progress, table
-from bench_overhead import BASELINE, CONTROL, GOAL_OVERHEAD, MLP, OURS, WARMUP_STEPS, Setting
+from bench_overhead import BASELINE, CONTROL, MLP, OURS, WARMUP_STEPS, Setting
 
 from lightning_midepoch import MidEpochResume
 
@@ -69,11 +70,18 @@ STEPS_PER_TURN = 10
 #: Fresh processes per model, and the turns each arm takes in each
 PROCESSES = 12
 TURNS_PER_PROCESS = 300
-#: The models timed (num_workers=0: the whole step runs in the arm's thread)
+#: The models timed. num_workers=0: the whole step runs in the arm's thread; num_workers=2: the arm's thread is the
+#: main process's work per step (its workers load ahead while the other arms take their turns), which is where the
+#: sequential runs of ``bench_overhead`` see the callback cost most and vary most
 SETTINGS = (
     Setting((128, 256, 256, 10), num_workers=0, measured_steps=TURNS_PER_PROCESS * STEPS_PER_TURN),
     Setting((8, 8), num_workers=0, measured_steps=TURNS_PER_PROCESS * STEPS_PER_TURN),
+    Setting((128, 256, 256, 10), num_workers=2, measured_steps=TURNS_PER_PROCESS * STEPS_PER_TURN),
 )
+#: The budget: MidEpochResume's cost per step above an empty Callback's, at the upper 95% bound
+BUDGET_S = 15e-6
+#: A step the budget is also reported against
+REFERENCE_STEP_S = 20e-3
 #: Student's t at 97.5% by degrees of freedom: a two-sided 95% interval from a few processes' medians
 _T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131)
 
@@ -273,6 +281,13 @@ def _compared(processes: list[dict[str, Any]], kind: str) -> dict[str, Any]:
         mean, low, high = _mean_interval([middle for middle, _, _ in per_process])
         result[arm] = {"difference_s": mean, "interval_s": [low, high]}
         result["per_process_s"][arm] = [list(values) for values in per_process]
+    # the budget's measure: MidEpochResume against the empty Callback, their turns of the same round paired
+    paired = []
+    for process in processes:
+        turns = process[kind]
+        paired.append(_median_interval([ours - control for ours, control in zip(turns[OURS], turns[CONTROL])]))
+    mean, low, high = _mean_interval([middle for middle, _, _ in paired])
+    result["above_control"] = {"difference_s": mean, "interval_s": [low, high]}
     return result
 
 
@@ -331,7 +346,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
         "share of the step (at most, 95%)",
         "empty Callback minus none (95% interval)",
         "no callback again minus none: the measurement's error (95% interval)",
-        f"goal < {GOAL_OVERHEAD:.0%} (at 95%)",
+        "MidEpochResume minus empty Callback (95% interval)",
+        f"budget ≤ {BUDGET_S * 1e6:.0f} µs above the empty Callback (at 95%)",
         "first step of a turn: MidEpochResume minus none",
     ]
     rows = []
@@ -346,7 +362,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 f"{share:+.2%} ({high:+.2%})",
                 _interval(result[CONTROL]),
                 _interval(result[AGAIN]),
-                "met" if high < GOAL_OVERHEAD else "**not met**",
+                _interval(result["above_control"]),
+                "met" if result["above_control"]["interval_s"][1] <= BUDGET_S else "**not met**",
                 _interval(result["first_of_turn"][OURS]),
             ]
         )
@@ -356,7 +373,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
         "from round to round), so that the drift of a shared machine's speed cancels in the differences between "
         f"turns of the same round; a step is timed in its thread's CPU time, {WARMUP_STEPS} warm-up steps per arm "
         f"first, every thread on one core{f' (core {core})' if core is not None else ''}. num_workers=0: the whole "
-        "step runs in the arm's thread. The step times compared are, per turn, the median of the steps after the "
+        "step runs in the arm's thread; num_workers=2: the thread's time is the main process's work per step, its "
+        "workers (on the same core) loading ahead while the other arms take their turns. The step times compared are, per turn, the median of the steps after the "
         "first, each of which follows a step of its own arm as in a real run. Each model is measured in "
         f"{results[0]['processes']} fresh processes, which start the arms' threads in different orders; a difference "
         "is the mean of the processes' medians, and its 95% interval comes from the spread between the processes. "
@@ -372,15 +390,19 @@ def markdown(results: list[dict[str, Any]]) -> str:
 
 
 def verdict(results: list[dict[str, Any]]) -> str:
-    """The goal, judged on the MLP's own step: the callback's added time and its upper 95% bound."""
+    """The budget, judged on the MLP: the callback's time above an empty Callback's, and its upper 95% bound."""
     mlp = results[0]
     share, high = _share(mlp)
-    low_s, high_s = mlp[OURS]["interval_s"]
+    above = mlp["above_control"]
+    low_s, high_s = above["interval_s"]
     return (
         f"Lock step, {mlp['model']}, {mlp['processes']} processes: the callback adds "
-        f"{mlp[OURS]['difference_s'] * 1e6:.1f} µs per step (95%: {low_s * 1e6:+.1f} to {high_s * 1e6:+.1f}), "
-        f"{share:.2%} (at most {high:.2%}) of its {mlp['median_step_s'][BASELINE] * 1e3:.2f} ms step; goal < "
-        f"{GOAL_OVERHEAD:.0%} at 95%: {'met' if high < GOAL_OVERHEAD else 'not met'}."
+        f"{mlp[OURS]['difference_s'] * 1e6:.1f} µs per step to no callback ({share:.2%}, at most {high:.2%}, of its "
+        f"{mlp['median_step_s'][BASELINE] * 1e3:.2f} ms step), {above['difference_s'] * 1e6:.1f} µs more than an "
+        f"empty Callback (95%: {low_s * 1e6:+.1f} to {high_s * 1e6:+.1f}), "
+        f"{above['difference_s'] / REFERENCE_STEP_S:.3%} (at most {high_s / REFERENCE_STEP_S:.3%}) of a "
+        f"{REFERENCE_STEP_S * 1e3:.0f} ms step; budget ≤ "
+        f"{BUDGET_S * 1e6:.0f} µs above the empty Callback at 95%: {'met' if high_s <= BUDGET_S else 'not met'}."
     )
 
 

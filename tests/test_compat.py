@@ -382,3 +382,13 @@ def test_unsaved_buffer_of_a_hugging_face_iterable_dataset():
     assert _compat.unsaved_buffer(mapped) == "a shuffle buffer of 3 examples"
     interleaved = datasets.interleave_datasets([plain, plain.shuffle(seed=1, buffer_size=5)])
     assert _compat.unsaved_buffer(interleaved) == "a shuffle buffer of 5 examples"
+
+
+def test_a_torch_without_a_private_name_the_worker_recording_uses_is_refused_clearly(monkeypatch):
+    import lightning as L
+    from torch.utils.data import dataloader
+
+    monkeypatch.delattr(dataloader._MultiProcessingDataLoaderIter, "_process_data")
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    with pytest.raises(RuntimeError, match=r"lacks _MultiProcessingDataLoaderIter\._process_data"):
+        _compat.check_supported(trainer)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -285,10 +286,23 @@ def test_an_iterable_dataset_in_persistent_workers_checkpointed_after_an_epoch_w
     assert not [warning for warning in caught if "worker process" in str(warning.message)]
 
 
-def test_a_resumed_worker_whose_data_ran_out_iterates_its_copy_again_only_in_the_next_pass():
-    dataset = CountingIterable(4, stateful=True)
-    assert W._end_pass(dataset)
-    assert list(dataset) == []  # the resumed pass: nothing, as the uninterrupted worker had nothing left
-    assert type(dataset) is CountingIterable
-    assert [index for index, _, _ in dataset] == [0, 1, 2, 3]  # the next pass (persistent workers) as usual
-    assert not W._end_pass(range(3))  # a class that cannot be subclassed: the resume warns instead
+def test_a_resumed_worker_whose_data_ran_out_ends_its_pass_at_its_first_batch_in_its_saved_states(monkeypatch):
+    """Its copy is not touched by class: the recording collate ends the pass (torch's worker loop takes StopIteration
+    as the end of an iterable dataset) and puts the saved states back, so the next pass starts from them."""
+    dataset = CountingIterable(4, stateful=True, augment=True)
+    recorder = W._WorkerRecorder(0, W._Buffers.allocate(1, 4, 1 << 16, 0), dataset)
+    saved = W._decode(recorder.raw(ended=True))
+    expected_next_pass = list(dataset)  # from the saved position and states
+    W._rng.restore_global(saved["global"])
+    dataset.load_state_dict(saved["dataset"])
+    recorder.ended_state = saved
+    monkeypatch.setattr(W, "_RECORDER", recorder)
+    collate = W._RecordingCollate(lambda items: items)
+    drawn = [next(iter(dataset))]  # the resumed pass's first batch: loaded, then ended
+    with pytest.raises(StopIteration):
+        collate(drawn)
+    assert recorder.ended_state is None
+    next_pass = list(dataset)
+    assert [index for index, _, _ in next_pass] == [index for index, _, _ in expected_next_pass]
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(next_pass, expected_next_pass))
+    assert collate(next_pass[:2]) == next_pass[:2]  # later batches collate as usual

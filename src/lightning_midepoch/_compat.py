@@ -96,6 +96,14 @@ OTHER_PRIVATE_NAMES = (
     "_load_state_dicts",  # CombinedLoader: gives its stateful loaders their states (in order)
 )
 
+#: torch's private names the worker recording relies on (listed in :data:`OTHER_PRIVATE_NAMES` too), checked on
+#: torch's classes when the callback is set up: ``"module:Class"`` and the names each must define.
+TORCH_PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
+    "torch.utils.data.dataloader:DataLoader": ("_get_iterator",),
+    # `_reset` sets `_send_idx` (read where present: tasks_sent)
+    "torch.utils.data.dataloader:_MultiProcessingDataLoaderIter": ("_process_data", "_reset"),
+}
+
 #: Private attributes of the train data fetcher (created inside ``setup_data``, checked when it is taken over) and of
 #: the ``CombinedLoader`` it iterates.
 REQUIRED_FETCHER_ATTRIBUTES = (
@@ -215,6 +223,13 @@ def check_supported(trainer: Trainer) -> None:
             raise RuntimeError(
                 f"{problem}{fix}; to run anyway at your own risk, set the environment variable {UNVERIFIED_ENV}=1."
             )
+    missing_torch = missing_torch_names()
+    if missing_torch:
+        raise RuntimeError(
+            f"lightning-midepoch cannot run with torch {torch_version()}: it lacks {', '.join(missing_torch)}, which"
+            " the recording of DataLoader worker states relies on. Install a torch release it was tested with"
+            " (2.1 to 2.13), or remove the MidEpochResume callback."
+        )
     objects = {
         "trainer": trainer,
         "checkpoint_connector": getattr(trainer, "_checkpoint_connector", None),
@@ -234,6 +249,22 @@ def check_supported(trainer: Trainer) -> None:
             f" Supported releases are {package}{SUPPORTED_RANGE}. If you replaced the fit loop with your own, keep"
             " Lightning's attributes on it."
         )
+
+
+def missing_torch_names() -> list[str]:
+    """The :data:`TORCH_PRIVATE_NAMES` the installed torch lacks.
+
+    Example:
+        >>> missing_torch_names()
+        []
+
+    """
+    missing = []
+    for path, names in TORCH_PRIVATE_NAMES.items():
+        module_name, class_name = path.split(":")
+        cls = getattr(importlib.import_module(module_name), class_name, None)
+        missing += [f"{class_name}.{name}" for name in names if not hasattr(cls, name)]
+    return missing
 
 
 def changed_methods(package: str) -> list[str]:

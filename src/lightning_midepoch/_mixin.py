@@ -1,6 +1,6 @@
 """Putting an override in front of one object's class, invisibly: the technique behind the loop and fetcher overrides.
 
-Lightning's classes are never modified. One trainer's loop (or fetcher) gets a class of its own made of the mixin and
+Lightning's classes are never modified. One trainer's loop (or fetcher, or train ``CombinedLoader``) gets a class of its own made of the mixin and
 the original class, named exactly as the original, so that what users see (profiler action names such as
 ``[_TrainingEpochLoop].train_dataloader_next``, reprs, ``type(loop).__name__``) stays what stock Lightning shows;
 and it pickles as an instance of the original class, without anything of ours.
@@ -46,6 +46,8 @@ def mix_in(obj: object, mixin: type) -> type:
     original = type(obj)
     if issubclass(original, mixin):
         return original
+    # (the mixin on Lightning's own loop, fetcher and CombinedLoader objects of one trainer: the design; never an
+    # object of the user's)
     obj.__class__ = _mixed_class(mixin, original)
     # Assigning __class__ turns the attributes CPython keeps inline in the object into a "split" dict, on which the
     # interpreter's specialized attribute reads and writes fail every time (CPython 3.11): each of the hundreds of
@@ -95,7 +97,7 @@ def _mixed_class(mixin: type, original: type) -> type:
 def unmix(obj: Any, original: type) -> None:
     """Give ``obj`` its original class back, with its attributes as the stock object has them."""
     state = stock_state(obj)
-    obj.__class__ = original
+    obj.__class__ = original  # (undoes mix_in on Lightning's own object)
     vars(obj).clear()
     vars(obj).update(state)
 

@@ -6,7 +6,7 @@ ints, floats, strings, lists and dicts, so that they survive ``torch.load(..., w
 
 from __future__ import annotations
 
-import ctypes
+import ctypes  # only to copy the state numpy documents at BitGenerator.ctypes.state_address
 import random
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -207,12 +207,13 @@ class BatchStartStates:
     def __init__(self) -> None:
         # a torch built without CUDA can never initialize it: then not asked at every batch
         self._cuda_built = torch.backends.cuda.is_built()  # type: ignore[no-untyped-call]
-        self._torch: torch.Tensor | None = None
+        self._torch = torch.Tensor()
         self._cuda: list[torch.Tensor] | None = None
-        self._python: tuple[Any, ...] | None = None
-        self._numpy: dict[str, Any] | None = None
+        self._python: tuple[Any, ...] = ()
+        self._numpy: dict[str, Any] = {}
         self._numpy_mark: bytes | None = None
-        self.taken = False
+        self.take()  # (so that states() always has states to give)
+        self.taken = False  # ... but no batch has started yet
 
     def take(self) -> None:
         """Read the states as they are now."""
@@ -223,14 +224,12 @@ class BatchStartStates:
             self._cuda = list(torch.cuda.get_rng_state_all())
         self._python = random.getstate()
         mark = _numpy_global_mark()
-        if mark is None or mark != self._numpy_mark or self._numpy is None or self._numpy["has_gauss"]:
+        if mark is None or mark != self._numpy_mark or not self._numpy or self._numpy["has_gauss"]:
             self._numpy = np.random.get_state(legacy=False)
             self._numpy_mark = mark
 
     def states(self) -> dict[str, Any]:
         """The states of the latest :meth:`take`, in :func:`capture_global`'s form."""
-        if self._torch is None or self._python is None or self._numpy is None:
-            raise RuntimeError("BatchStartStates.states() called before take()")
         states = {
             "torch": self._torch,
             "numpy": numpy_state_from(self._numpy),

@@ -1,7 +1,8 @@
 """Putting an override in front of one object's class, invisibly: the technique behind the loop and fetcher overrides.
 
-Lightning's classes are never modified. One trainer's loop (or fetcher, or train ``CombinedLoader``) gets a class of its own made of the mixin and
-the original class, named exactly as the original, so that what users see (profiler action names such as
+Lightning's classes are never modified. One trainer's loop (or fetcher, or train ``CombinedLoader``) gets a class of
+its own made of the mixin and the original class, named exactly as the original, so that what users see (profiler
+action names such as
 ``[_TrainingEpochLoop].train_dataloader_next``, reprs, ``type(loop).__name__``) stays what stock Lightning shows;
 and it pickles as an instance of the original class, without anything of ours.
 

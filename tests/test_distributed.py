@@ -297,6 +297,24 @@ def test_resume_in_processes_that_received_a_pickled_trainer_is_exact_on_every_r
 FSDP = ("--strategy", "fsdp")
 
 
+def _fsdp_runs_on_cpu() -> bool:
+    """torch's FSDP creates its streams with a priority: on CPU that needs ``torch.cpu.Stream(priority=...)``, which
+    older torch lacks (2.1, the lowest supported: "Stream() takes no arguments", `make floor`); 2.13 has it."""
+    try:
+        torch.cpu.Stream(priority=0)
+    except TypeError:
+        return False
+    return True
+
+
+# FSDP itself runs on the GPUs it is for; these tests run it on CPU (tests/ddp_job.py's CPUFSDPStrategy)
+FSDP_ON_CPU = pytest.mark.skipif(
+    not _fsdp_runs_on_cpu(),
+    reason=f"torch {torch.__version__}'s FSDP cannot run on CPU (torch.cpu.Stream takes no priority)",
+)
+
+
+@FSDP_ON_CPU
 @pytest.mark.parametrize(
     ("config", "crash"),
     [
@@ -323,6 +341,7 @@ def test_fsdp_sharded_checkpoint_resumes_exactly_on_every_rank(config, crash, un
     _assert_same_continuation(full, interrupted, resumed)
 
 
+@FSDP_ON_CPU
 def test_fsdp_checkpoint_inside_an_accumulation_group_warns_and_keeps_the_order(uninterrupted, tmp_path):
     """FSDP's gradients inside an accumulation group are not shaped as the rank's sharded parameters: the resumed run
     drops them, warning before it trains; the batches and the random states still continue exactly."""

@@ -14,13 +14,26 @@ COMPAT_STAMP := $(COMPAT_VENV)/.installed
 DIST_VENV ?= .venv-dist
 DIST_STAMP := $(DIST_VENV)/.installed
 DIST_DIR ?= dist
-# The Pythons `make pythons` tests: exactly those of pyproject.toml's requires-python and classifiers
-# (tests/test_packaging.py checks). Others can be tried: `make pythons PYTHONS="3.11 3.12"`.
-PYTHONS ?= 3.11
+# The Pythons `make pythons` tests: exactly pyproject.toml's classifiers, from requires-python's lower bound on
+# (tests/test_packaging.py checks). A subset can be run: `make pythons PYTHONS="3.10 3.13"`.
+PYTHONS ?= 3.10 3.11 3.12 3.13
 PYENV_ROOT ?= $(HOME)/.pyenv
-# torch for `make pythons`: torch-ci.txt's version, CPU build only. PyPI has no `+cpu` build, so a Python without a
-# CPU wheel on this machine fails at once instead of downloading the multi-GB CUDA build.
-TORCH_CPU := $(shell sed -n 's/^torch==\([0-9.]*\).*/torch==\1+cpu/p' requirements/torch-ci.txt)
+# where `make pythons` writes each Python's log (py3.X.log) and the summary (summary.txt)
+PYTHONS_OUT ?= pythons-results
+# the Trainer-level tests (loops, DataLoader workers, DDP) that `make pythons` and `make floor` run
+TRAINER_TESTS := tests/test_loops.py tests/test_workers.py tests/test_distributed.py -m "not workers_matrix"
+# shell: py=the interpreter of Python $(1) (3.X): pyenv's newest 3.X, else python3.X on PATH; an error if neither
+FIND_PYTHON = py=$$(ls -d $(PYENV_ROOT)/versions/$(1).*/bin/python 2>/dev/null | sort -V | tail -n 1); \
+	py=$${py:-$$(command -v python$(1) || true)}; \
+	test -n "$$py" || { echo "no Python $(1) on this machine: install it (pyenv install $(1))" >&2; exit 1; }
+# the versions a test run used, printed before it
+SHOW_VERSIONS := import sys, torch, numpy, lightning; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, \
+	numpy {numpy.__version__}, lightning {lightning.__version__}")
+
+# `make floor`: the Trainer-level tests on the lowest torch and numpy that pyproject.toml's dependencies accept
+# (requirements/floor.txt; torch 2.1 has no wheel for Python 3.12+ and numpy 1.21 none for 3.11+)
+FLOOR_VENV ?= .venv-floor
+FLOOR_PYTHON ?= 3.10
 
 # `make lightning-suite LIGHTNING=/path/to/lightning-checkout`: Lightning's own tests, stock and with the callback
 # attached to every Trainer (tests/lightning_suite). Not part of CI: it needs a checkout of Lightning's repository.
@@ -43,7 +56,7 @@ SUITE_PYTEST = cd $(LIGHTNING)/tests/tests_pytorch && MIDEPOCH_SUITE_ATTACH=$(1)
 	--junitxml=$(SUITE_RESULTS)/$(2).xml > $(SUITE_RESULTS)/$(2).log 2>&1; \
 	tail -n 1 $(SUITE_RESULTS)/$(2).log; test -s $(SUITE_RESULTS)/$(2).xml
 
-.PHONY: venv demo test test-workers fuzz lint compat strategies lightning-suite docs bench bench-gather mutation dist dist-check pythons clean
+.PHONY: venv demo test test-workers fuzz lint compat strategies lightning-suite docs bench bench-gather mutation dist dist-check pythons compile-pythons floor clean
 
 $(STAMP): requirements/*.txt pyproject.toml src/lightning_midepoch/__about__.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -167,25 +180,59 @@ dist: $(DIST_STAMP)  ## the sdist, and the wheel built from it, in dist/ (python
 dist-check: venv dist  ## the built sdist's contents; the wheel and a wheel built from the sdist, installed in a fresh venv
 	MIDEPOCH_DIST_DIR=$(DIST_DIR) $(BIN)/python -m pytest tests/packaging -v --durations=0 -p no:cacheprovider
 
-# one virtual environment per tested Python, .venv-py3.X (the interpreter from pyenv, else python3.X on PATH)
+# one virtual environment per tested Python, .venv-py3.X. torch first, alone (torch-ci.txt's version): the CPU wheel
+# where pip's find-links on this machine has one for that Python (3.11), else PyPI's build, made for CUDA (about
+# 4.7 GB with its CUDA libraries, kept in pip's cache for the next environment), which runs without a GPU.
 .venv-py%/.installed: requirements/pythons.txt requirements/torch-ci.txt pyproject.toml
-	py=$$(ls -d $(PYENV_ROOT)/versions/$*.*/bin/python 2>/dev/null | sort -V | tail -n 1); \
-	  py=$${py:-$$(command -v python$*)}; \
-	  test -n "$$py" || { echo "make pythons: no Python $* on this machine"; exit 1; }; \
-	  test -x $(@D)/bin/python || $$py -m venv $(@D)
-	$(@D)/bin/python -m pip --disable-pip-version-check install --quiet --only-binary=:all: $(TORCH_CPU) || \
-	  { echo "make pythons: no CPU build of $(TORCH_CPU) for Python $* here: not tested, so not claimed"; exit 1; }
+	$(call FIND_PYTHON,$*); test -x $(@D)/bin/python || $$py -m venv $(@D)
+	$(@D)/bin/python -m pip --disable-pip-version-check install --quiet --only-binary=:all: -r requirements/torch-ci.txt
 	$(@D)/bin/python -m pip --disable-pip-version-check install --quiet -c requirements/torch-ci.txt \
 	  -r requirements/pythons.txt
 	$(@D)/bin/python -m pip --disable-pip-version-check install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
-pythons: $(foreach v,$(PYTHONS),.venv-py$(v)/.installed)  ## the Trainer-level tests on every supported Python
-	set -e; for v in $(PYTHONS); do \
-	  .venv-py$$v/bin/python -c "import sys, torch; print('Python', sys.version.split()[0], 'torch', torch.__version__)"; \
-	  .venv-py$$v/bin/python -m pytest tests/test_loops.py tests/test_distributed.py -q \
-	    -p no:cacheprovider; \
+# Not part of CI (the CUDA builds of torch are large; CI keeps one Python and `make compile-pythons`). Each Python in
+# turn, whatever the previous one gave; one line per Python at the end, and a failure if any Python failed.
+pythons:  ## the Trainer-level tests on every supported Python (3.10 to 3.13), each in .venv-py3.X
+	@mkdir -p $(PYTHONS_OUT); : > $(PYTHONS_OUT)/summary.txt; failed=0; \
+	for v in $(PYTHONS); do \
+	  log=$(PYTHONS_OUT)/py$$v.log; start=$$(date +%s); : > $$log; echo "== Python $$v (log: $$log)"; \
+	  if $(MAKE) --no-print-directory .venv-py$$v/.installed >> $$log 2>&1; then \
+	    about=$$(.venv-py$$v/bin/python -c '$(SHOW_VERSIONS)' 2>&1); echo "$$about" | tee -a $$log; \
+	    { .venv-py$$v/bin/python -m pytest $(TRAINER_TESTS) $(XDIST) -q -p no:cacheprovider --color=no; \
+	      echo $$? > $$log.rc; } 2>&1 | tee -a $$log; \
+	    rc=$$(cat $$log.rc); rm -f $$log.rc; result="$$(tail -n 1 $$log | tr -d '=' | sed 's/^ *//')"; \
+	  else \
+	    rc=1; about="no environment"; result="the install failed: $$(grep -m 1 ERROR $$log | cut -c 1-160)"; \
+	  fi; \
+	  test $$rc = 0 && status=ok || { status=FAILED; failed=1; }; \
+	  echo "$$v $$status: $$result ($$about; $$(( $$(date +%s) - start )) s with the install)" \
+	    >> $(PYTHONS_OUT)/summary.txt; \
+	done; \
+	echo; echo "make pythons:"; cat $(PYTHONS_OUT)/summary.txt; exit $$failed
+
+# CI's cheap guard for the Pythons it does not run: src/ byte-compiles with the lowest and the highest supported
+# Python (syntax, and SyntaxWarnings as errors), the .pyc files written to a scratch folder. A missing interpreter is
+# an error, never a skip. Ruff's target-version (pyproject.toml) is the lowest supported Python.
+compile-pythons:  ## byte-compile src/ with Python 3.10 and 3.13 (the ends of PYTHONS)
+	@set -e; for v in $(firstword $(PYTHONS)) $(lastword $(PYTHONS)); do \
+	  $(call FIND_PYTHON,$$v); scratch=$$(mktemp -d); \
+	  PYTHONPYCACHEPREFIX=$$scratch $$py -W error -m compileall -q src/ || { rm -rf $$scratch; \
+	    echo "src/ does not byte-compile with Python $$v ($$py)" >&2; exit 1; }; \
+	  rm -rf $$scratch; echo "src/ byte-compiles with $$($$py -c 'import sys; print(sys.version.split()[0])')"; \
 	done
 
+$(FLOOR_VENV)/.installed: requirements/floor.txt pyproject.toml
+	$(call FIND_PYTHON,$(FLOOR_PYTHON)); test -x $(FLOOR_VENV)/bin/python || $$py -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/python -m pip --disable-pip-version-check install --quiet --only-binary=:all: \
+	  -r requirements/floor.txt
+	$(FLOOR_VENV)/bin/python -m pip --disable-pip-version-check install --quiet --no-deps -e .
+	touch $@
+
+# Not part of CI: torch 2.1's build, made for CUDA, is a multi-GB download (pip's cache keeps it).
+floor: $(FLOOR_VENV)/.installed  ## the Trainer-level tests on the lowest torch and numpy pyproject.toml accepts
+	$(FLOOR_VENV)/bin/python -c '$(SHOW_VERSIONS)'
+	$(FLOOR_VENV)/bin/python -m pytest $(TRAINER_TESTS) $(XDIST) -q -p no:cacheprovider
+
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) $(SUITE_VENV) $(SUITE_OUT) $(DIST_VENV) .venv-py* build $(DIST_DIR) *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage demo-output docs/_build mutants
+	rm -rf $(VENV) $(COMPAT_VENV) $(SUITE_VENV) $(SUITE_OUT) $(DIST_VENV) $(FLOOR_VENV) .venv-py* $(PYTHONS_OUT) build $(DIST_DIR) *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage demo-output docs/_build mutants

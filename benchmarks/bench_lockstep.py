@@ -276,7 +276,7 @@ def _compared(processes: list[dict[str, Any]], kind: str) -> dict[str, Any]:
         per_process = []
         for process in processes:
             turns = process[kind]
-            differences = [value - base for value, base in zip(turns[arm], turns[BASELINE])]
+            differences = [value - base for value, base in zip(turns[arm], turns[BASELINE], strict=True)]
             per_process.append(_median_interval(differences))
         mean, low, high = _mean_interval([middle for middle, _, _ in per_process])
         result[arm] = {"difference_s": mean, "interval_s": [low, high]}

@@ -14,6 +14,7 @@ Run alone: ``python benchmarks/bench_overhead.py``.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +68,7 @@ class MLP(L.LightningModule):
     def __init__(self, setting: Setting) -> None:
         super().__init__()
         layers: list[nn.Module] = []
-        for width_in, width_out in zip(setting.features[:-1], setting.features[1:]):
+        for width_in, width_out in itertools.pairwise(setting.features):
             layers += [nn.Linear(width_in, width_out), nn.ReLU()]
         self.net = nn.Sequential(*layers[:-1])
         self.setting = setting
@@ -109,7 +110,7 @@ class StepClock(L.Callback):
         """The median and 10th-percentile wall-clock time of a step, and the mean main-process CPU time of a step."""
         if len(self.marks) != self.measured_steps + 1:
             raise RuntimeError(f"expected {self.measured_steps} measured steps, got {len(self.marks) - 1}")
-        walls = sorted(after[0] - before[0] for before, after in zip(self.marks, self.marks[1:]))
+        walls = sorted(after[0] - before[0] for before, after in itertools.pairwise(self.marks))
         return {
             "wall": median(walls),
             "fast": walls[int(len(walls) * FAST_QUANTILE)],
@@ -150,9 +151,9 @@ def measure(setting: Setting, rounds: int) -> dict[str, Any]:
         result[key] = {
             "runs_s": series,
             "median_s": {arm: median(values) for arm, values in series.items()},
-            "ratios": [ours / base for ours, base in zip(series[OURS], series[BASELINE])],
-            "control_ratios": [control / base for control, base in zip(series[CONTROL], series[BASELINE])],
-            "differences_s": [ours - base for ours, base in zip(series[OURS], series[BASELINE])],
+            "ratios": [ours / base for ours, base in zip(series[OURS], series[BASELINE], strict=True)],
+            "control_ratios": [control / base for control, base in zip(series[CONTROL], series[BASELINE], strict=True)],
+            "differences_s": [ours - base for ours, base in zip(series[OURS], series[BASELINE], strict=True)],
         }
         result[key]["median_ratio"] = median(result[key]["ratios"])
         result[key]["median_control_ratio"] = median(result[key]["control_ratios"])
@@ -230,9 +231,9 @@ def plot(results: list[dict[str, Any]], directory: Path) -> Path:
 
     path = directory / "overhead.png"
     figure, all_axes = plt.subplots(1, len(results), figsize=(11, 3.6), dpi=90)
-    for axes, result in zip(all_axes, results):
+    for axes, result in zip(all_axes, results, strict=True):
         rounds = range(1, result["rounds"] + 1)
-        for arm, marker in zip(ARMS, "o^s"):
+        for arm, marker in zip(ARMS, "o^s", strict=True):
             axes.plot(rounds, [s * 1e3 for s in result["cpu"]["runs_s"][arm]], marker=marker, label=arm)
         axes.set_xlabel("round")
         axes.set_ylabel("main-process CPU ms per step")

@@ -513,14 +513,20 @@ def plot(results: list[tuple[Setting, dict[str, dict[int, Cell]]]], rows: list[G
 
     paths = [directory / "resume_vs_position.png", directory / "resume_goal.png"]
     figure, all_axes = plt.subplots(1, len(results), figsize=(11, 4.6), dpi=90, sharey=True)
-    for axes, (setting, cells) in zip(all_axes, results):
+    for axes, (setting, cells) in zip(all_axes, results, strict=True):
         for method, cells_at in cells.items():
             xs = list(setting.positions)
             ys = [cells_at[k].seconds for k in xs]
             (line,) = axes.plot(xs, ys, marker="o", label=method)
-            hollow = [(x, y) for x, y in zip(xs, ys) if cells_at[x].extrapolated is not None]
+            hollow = [(x, y) for x, y in zip(xs, ys, strict=True) if cells_at[x].extrapolated is not None]
             if hollow:
-                axes.plot(*zip(*hollow), linestyle="none", marker="o", markerfacecolor="white", color=line.get_color())
+                axes.plot(
+                    *zip(*hollow, strict=True),
+                    linestyle="none",
+                    marker="o",
+                    markerfacecolor="white",
+                    color=line.get_color(),
+                )
         axes.set_xscale("symlog", linthresh=setting.positions[1])
         axes.set_xticks(list(setting.positions), [f"{k:,}" for k in setting.positions])
         axes.minorticks_off()

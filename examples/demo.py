@@ -154,7 +154,9 @@ def _analyse(
     before = [s for s in killed if s["step"] < resume_step]  # what the checkpoint contains
     epoch = resumed[0]["epoch"]
     expected_after = [s for s in full if s["step"] >= resume_step]
-    identical = sum(a["ids"] == b["ids"] and a["batch"] == b["batch"] for a, b in zip(resumed, expected_after))
+    identical = sum(
+        a["ids"] == b["ids"] and a["batch"] == b["batch"] for a, b in zip(resumed, expected_after, strict=False)
+    )
     trained = [i for s in before + resumed if s["epoch"] == epoch for i in s["ids"]]
     final = torch.load(run_dir / "final.pt", weights_only=True)
     oracle = torch.load(full_dir / "final.pt", weights_only=True)

@@ -703,10 +703,10 @@ def _equal(first: Any, second: Any) -> bool:
 
 def assert_same_state(first: RunResult, second: RunResult) -> None:
     """Bitwise the same weights, optimizer and scheduler states, step and process-wide random streams."""
-    for (name, expected), actual in zip(first.model.named_parameters(), second.model.parameters()):
+    for (name, expected), actual in zip(first.model.named_parameters(), second.model.parameters(), strict=True):
         assert torch.equal(expected, actual), f"parameter {name} differs"
     assert _equal(first.trainer.optimizers[0].state_dict(), second.trainer.optimizers[0].state_dict())
-    for expected, actual in zip(first.trainer.lr_scheduler_configs, second.trainer.lr_scheduler_configs):
+    for expected, actual in zip(first.trainer.lr_scheduler_configs, second.trainer.lr_scheduler_configs, strict=True):
         assert _equal(expected.scheduler.state_dict(), actual.scheduler.state_dict())
     assert first.trainer.global_step == second.trainer.global_step
     assert _equal(first.rng, second.rng)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
+
+from packaging.markers import Marker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,11 +46,17 @@ def makefile_pythons() -> list[str]:
     return match.group(1).split()
 
 
-def pinned(requirements_file: str) -> dict[str, str]:
-    """``name -> version`` of the exact pins (``name==version``) in requirements/FILE, extras dropped."""
+def pinned(requirements_file: str, python: str | None = None) -> dict[str, str]:
+    """``name -> version`` of the exact pins (``name==version``) in requirements/FILE, extras dropped.
+
+    A pin with an environment marker (``numpy==2.2.6; python_version < "3.11"``) counts where its marker holds for
+    ``python`` ("3.X"; the running interpreter's version by default), as pip reads it there.
+    """
+    python = python or f"{sys.version_info.major}.{sys.version_info.minor}"
+    environment = {"python_version": python, "python_full_version": f"{python}.0"}
     pins = {}
     for line in (ROOT / "requirements" / requirements_file).read_text(encoding="utf-8").splitlines():
-        match = re.match(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([^\s#;]+)", line.strip())
-        if match:
+        match = re.match(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([^\s#;]+)\s*(?:;([^#]*))?", line.strip())
+        if match and (match.group(3) is None or Marker(match.group(3).strip()).evaluate(environment)):
             pins[match.group(1).lower().replace("_", "-")] = match.group(2)
     return pins

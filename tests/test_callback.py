@@ -56,7 +56,7 @@ def test_invisible_in_an_uninterrupted_run(config, tmp_path):
     with_callback = run(config, tmp_path / "with", callback=True)
     without = run(config, tmp_path / "without", callback=False)
     assert with_callback.seen == without.seen
-    for expected, actual in zip(without.model.parameters(), with_callback.model.parameters()):
+    for expected, actual in zip(without.model.parameters(), with_callback.model.parameters(), strict=True):
         assert torch.equal(expected, actual)
     assert torch.equal(with_callback.rng["torch"], without.rng["torch"])
     assert (with_callback.rng["numpy"] == without.rng["numpy"]).all()
@@ -92,7 +92,7 @@ def test_invisible_with_a_train_loader_that_is_not_a_dataloader(kind, tmp_path):
     without = run(config, tmp_path / "without", callback=False, before_fit=use_loader)
     assert len(with_callback.seen) == len(batches)
     assert with_callback.seen == without.seen
-    for expected, actual in zip(without.model.parameters(), with_callback.model.parameters()):
+    for expected, actual in zip(without.model.parameters(), with_callback.model.parameters(), strict=True):
         assert torch.equal(expected, actual)
 
 
@@ -468,7 +468,7 @@ def test_after_an_exception_a_second_fit_is_unchanged(exception, tmp_path):
     _, ours = _raise_then_fit_again(exception, tmp_path / "ours", callback=True, ckpt=False)
     _, stock = _raise_then_fit_again(exception, tmp_path / "stock", callback=False, ckpt=False)
     assert ours.seen == stock.seen
-    for expected, actual in zip(stock.parameters(), ours.parameters()):
+    for expected, actual in zip(stock.parameters(), ours.parameters(), strict=True):
         assert torch.equal(expected, actual)
 
 
@@ -478,5 +478,5 @@ def test_after_an_exception_a_second_fit_from_a_checkpoint_is_exact(exception, t
     _, model = _raise_then_fit_again(exception, tmp_path / "twice", callback=True, ckpt=True)
     full = run(Config(), tmp_path / "full")
     assert model.seen == full.seen
-    for expected, actual in zip(full.model.parameters(), model.parameters()):
+    for expected, actual in zip(full.model.parameters(), model.parameters(), strict=True):
         assert torch.equal(expected, actual)

@@ -37,7 +37,7 @@ def _sample(i: int) -> tuple[torch.Tensor, torch.Tensor]:
 def collate_rows(rows: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows ``{"i": i}`` as the harness's ``(ids, x, y)`` batches (module level: workers pickle it)."""
     ids = [int(row["i"]) for row in rows]
-    xs, ys = zip(*map(_sample, ids))
+    xs, ys = zip(*map(_sample, ids), strict=True)
     return torch.tensor(ids), torch.stack(xs), torch.stack(ys)
 
 

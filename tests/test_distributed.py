@@ -71,7 +71,7 @@ def uninterrupted(tmp_path_factory):
 
 
 def _assert_same_end(first, second) -> None:
-    for rank, (f, s) in enumerate(zip(first, second)):
+    for rank, (f, s) in enumerate(zip(first, second, strict=True)):
         for name, value in f["params"].items():
             assert torch.equal(value, s["params"][name]), f"rank {rank}: {name} differs"
         assert torch.equal(f["rng"]["torch"], s["rng"]["torch"]), f"rank {rank}: torch random state differs"
@@ -87,7 +87,7 @@ def _assert_transparent(uninterrupted, devices: int, config: dict) -> None:
 
 
 def _assert_same_continuation(full, interrupted, resumed) -> None:
-    for rank, (f, i, r) in enumerate(zip(full, interrupted, resumed)):
+    for rank, (f, i, r) in enumerate(zip(full, interrupted, resumed, strict=True)):
         assert i["seen"] + r["seen"] == f["seen"], f"rank {rank} trained other batches"
     _assert_same_end(full, resumed)
 
@@ -164,7 +164,7 @@ def test_ddp_checkpoint_written_during_an_exception_holds_rank_zeros_states(on_e
     assert len(ranks) == 2
     assert ranks[0] is not None
     assert ranks[1] is None  # rank 1's own states were in its snapshot only, which Lightning does not write
-    for rank, (f, i, r) in enumerate(zip(full, interrupted, resumed)):
+    for rank, (f, i, r) in enumerate(zip(full, interrupted, resumed, strict=True)):
         # the batch that raised is not in the checkpoint: every rank trains it again, then exactly the rest
         assert i["seen"][:-1] + r["seen"] == f["seen"], f"rank {rank} trained other batches"
     # rank 0 continues from its own states, as of the start of the batch that raised
@@ -211,7 +211,7 @@ def test_elastic_resume_trains_every_remaining_sample_once(saved_on, resumed_on,
     config = {"dataset_size": DATASET, "hook_draws": False}
     _assert_transparent(uninterrupted, saved_on, config)
     interrupted = _train(tmp_path / "interrupted", saved_on, config, crash=crash)
-    for rank, (before, full) in enumerate(zip(interrupted, uninterrupted(saved_on, config))):
+    for rank, (before, full) in enumerate(zip(interrupted, uninterrupted(saved_on, config), strict=True)):
         assert before["seen"] == full["seen"][: len(before["seen"])], f"rank {rank} trained other batches"
     resumed = _train(tmp_path / "resumed", resumed_on, config, resume=tmp_path / "interrupted" / "crash.ckpt")
     epoch = crash[0]
@@ -297,6 +297,24 @@ def test_resume_in_processes_that_received_a_pickled_trainer_is_exact_on_every_r
 FSDP = ("--strategy", "fsdp")
 
 
+def _fsdp_runs_on_cpu() -> bool:
+    """torch's FSDP creates its streams with a priority: on CPU that needs ``torch.cpu.Stream(priority=...)``, which
+    older torch lacks (2.1, the lowest supported: "Stream() takes no arguments", `make floor`); 2.13 has it."""
+    try:
+        torch.cpu.Stream(priority=0)
+    except TypeError:
+        return False
+    return True
+
+
+# FSDP itself runs on the GPUs it is for; these tests run it on CPU (tests/ddp_job.py's CPUFSDPStrategy)
+FSDP_ON_CPU = pytest.mark.skipif(
+    not _fsdp_runs_on_cpu(),
+    reason=f"torch {torch.__version__}'s FSDP cannot run on CPU (torch.cpu.Stream takes no priority)",
+)
+
+
+@FSDP_ON_CPU
 @pytest.mark.parametrize(
     ("config", "crash"),
     [
@@ -323,6 +341,7 @@ def test_fsdp_sharded_checkpoint_resumes_exactly_on_every_rank(config, crash, un
     _assert_same_continuation(full, interrupted, resumed)
 
 
+@FSDP_ON_CPU
 def test_fsdp_checkpoint_inside_an_accumulation_group_warns_and_keeps_the_order(uninterrupted, tmp_path):
     """FSDP's gradients inside an accumulation group are not shaped as the rank's sharded parameters: the resumed run
     drops them, warning before it trains; the batches and the random states still continue exactly."""
@@ -334,7 +353,7 @@ def test_fsdp_checkpoint_inside_an_accumulation_group_warns_and_keeps_the_order(
     resumed = _train(tmp_path / "resumed", 2, config, resume=tmp_path / "interrupted" / "crash.ckpt", extra=FSDP)
     message = "inside a gradient accumulation group under a strategy that shards the parameters (FSDP)"
     assert any(message in warning for warning in resumed[0]["warnings"])
-    for rank, (f, i, r) in enumerate(zip(full, interrupted, resumed)):
+    for rank, (f, i, r) in enumerate(zip(full, interrupted, resumed, strict=True)):
         assert i["seen"] + r["seen"] == f["seen"], f"rank {rank} trained other batches"
         assert torch.equal(f["rng"]["torch"], r["rng"]["torch"]), f"rank {rank}: torch random state differs"
     assert any(not torch.equal(value, resumed[0]["params"][name]) for name, value in full[0]["params"].items())

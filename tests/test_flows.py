@@ -144,9 +144,9 @@ def test_validate_test_predict_before_and_after_fit_are_unchanged(tmp_path):
         outputs[callback] = (before, _evaluate(result.trainer, result.model), result)
     (ours_before, ours_after, ours), (stock_before, stock_after, stock) = outputs[True], outputs[False]
     assert ours.seen == stock.seen
-    for mine, theirs in zip(ours_before + ours_after, stock_before + stock_after):
+    for mine, theirs in zip(ours_before + ours_after, stock_before + stock_after, strict=True):
         assert len(mine) == len(theirs)
-        for a, b in zip(mine, theirs):
+        for a, b in zip(mine, theirs, strict=True):
             assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
     assert torch.equal(torch.get_rng_state(), torch.get_rng_state())
 
@@ -178,7 +178,7 @@ def test_fit_twice_on_one_trainer_from_a_checkpoint_is_exact(tmp_path):
     twice = _fit_twice(config, tmp_path / "twice", callback=True, ckpt=True)
     full = run(config, tmp_path / "full")
     assert twice.seen == full.seen
-    for expected, actual in zip(full.model.parameters(), twice.model.parameters()):
+    for expected, actual in zip(full.model.parameters(), twice.model.parameters(), strict=True):
         assert torch.equal(expected, actual)
 
 

@@ -36,7 +36,7 @@ def _with_this_machines_floats(entry: dict, tmp_path: Path) -> Path:
     for key in ("state_dict", "optimizer_states", "lr_schedulers"):
         legacy[key] = here[key]
     ours, theirs = here["callbacks"]["MidEpochResume"]["ranks"], legacy["callbacks"]["MidEpochResume"]["ranks"]
-    for rank_here, rank_legacy in zip(ours, theirs):
+    for rank_here, rank_legacy in zip(ours, theirs, strict=True):
         assert (rank_legacy["grads"] is None) == (rank_here["grads"] is None)
         rank_legacy["grads"] = rank_here["grads"]
     path = tmp_path / entry["file"]
@@ -49,5 +49,5 @@ def test_legacy_checkpoint_resumes_exactly(entry, tmp_path):
     full = train(entry["case"], tmp_path / "full")
     resumed = train(entry["case"], tmp_path / "resumed", ckpt_path=_with_this_machines_floats(entry, tmp_path))
     assert resumed.seen == full.seen[entry["batches_before"] :]
-    for (name, expected), actual in zip(full.named_parameters(), resumed.parameters()):
+    for (name, expected), actual in zip(full.named_parameters(), resumed.parameters(), strict=True):
         assert torch.equal(expected, actual), name

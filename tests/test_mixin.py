@@ -79,7 +79,7 @@ def test_names_and_reprs_are_stock(tmp_path):
 
 def test_copies_are_stock_objects_without_the_overrides(tmp_path):
     ours, stock = _seen(tmp_path / "ours", True), _seen(tmp_path / "stock", False)
-    for copied, expected in zip(ours.copies, stock.copies):
+    for copied, expected in zip(ours.copies, stock.copies, strict=True):
         assert type(copied) is type(expected)
         assert not any(name.startswith("_midepoch") for name in vars(copied))
         assert set(vars(copied)) == set(vars(expected))

@@ -167,7 +167,7 @@ def _assert_identical(received: Any, sent: Any, where: str = "state") -> None:
             _assert_identical(received[key], sent[key], f"{where}[{key!r}]")
     elif isinstance(sent, (list, tuple)):
         assert len(received) == len(sent), where
-        for index, (r, s) in enumerate(zip(received, sent)):
+        for index, (r, s) in enumerate(zip(received, sent, strict=True)):
             _assert_identical(r, s, f"{where}[{index}]")
     else:
         assert received == sent, where
@@ -256,7 +256,11 @@ def test_a_checkpoint_after_backward_in_the_batch_that_ends_an_accumulation_grou
         comparison = interrupt_and_resume(config, crash, tmp_path)
     full, interrupted, resumed = comparison.full, comparison.interrupted, comparison.resumed
     assert interrupted.seen + resumed.seen == full.seen
-    differ = [name for (name, a), b in zip(full.model.named_parameters(), resumed.model.parameters()) if not a.equal(b)]
+    differ = [
+        name
+        for (name, a), b in zip(full.model.named_parameters(), resumed.model.parameters(), strict=True)
+        if not a.equal(b)
+    ]
     assert differ
 
 
@@ -282,7 +286,11 @@ def test_a_checkpoint_after_backward_inside_an_accumulation_group_warns_and_adds
     assert interrupted.seen + resumed.seen == full.seen
     assert resumed.seen[0] == (1, 4, full.seen[done][2])
     # ... but batch 4's gradients count twice in the group's step: the weights differ from there on
-    differ = [name for (name, a), b in zip(full.model.named_parameters(), resumed.model.parameters()) if not a.equal(b)]
+    differ = [
+        name
+        for (name, a), b in zip(full.model.named_parameters(), resumed.model.parameters(), strict=True)
+        if not a.equal(b)
+    ]
     assert differ
 
 

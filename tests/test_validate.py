@@ -698,7 +698,7 @@ def test_restart_epoch_warns_and_resumes_as_without_the_state(written, tmp_path)
     assert damaged_run.seen == stripped_run.seen
     assert damaged_run.seen[0][:2] == (1, 4)
     assert damaged_run.trainer.global_step == stripped_run.trainer.global_step
-    for ours, theirs in zip(damaged_run.model.parameters(), stripped_run.model.parameters()):
+    for ours, theirs in zip(damaged_run.model.parameters(), stripped_run.model.parameters(), strict=True):
         assert torch.equal(ours, theirs)
 
 

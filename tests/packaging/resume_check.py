@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     for name, callbacks, want_equal in (("MidEpochResume", [MidEpochResume()], True), ("stock Lightning", [], False)):
         resumed = _fit(L, args.workdir / f"resumed-{name.split()[0]}", callbacks, ckpt_path=last)
-        pairs = zip(full.state_dict().items(), resumed.state_dict().values())
+        pairs = zip(full.state_dict().items(), resumed.state_dict().values(), strict=True)
         equal = all(torch.equal(expected, actual) for (_, expected), actual in pairs)
         verdict = "ok" if equal == want_equal else "FAIL"
         failures += verdict == "FAIL"

@@ -285,7 +285,9 @@ def _compared(processes: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     paired = []
     for process in processes:
         turns = process[kind]
-        paired.append(_median_interval([ours - control for ours, control in zip(turns[OURS], turns[CONTROL])]))
+        paired.append(
+            _median_interval([ours - control for ours, control in zip(turns[OURS], turns[CONTROL], strict=True)])
+        )
     mean, low, high = _mean_interval([middle for middle, _, _ in paired])
     result["above_control"] = {"difference_s": mean, "interval_s": [low, high]}
     return result

@@ -316,5 +316,5 @@ def test_a_resumed_worker_whose_data_ran_out_ends_its_pass_at_its_first_batch_in
     assert recorder.ended_state is None
     next_pass = list(dataset)
     assert [index for index, _, _ in next_pass] == [index for index, _, _ in expected_next_pass]
-    assert all(torch.equal(a[1], b[1]) for a, b in zip(next_pass, expected_next_pass))
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(next_pass, expected_next_pass, strict=True))
     assert collate(next_pass[:2]) == next_pass[:2]  # later batches collate as usual

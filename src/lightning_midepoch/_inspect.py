@@ -31,11 +31,10 @@ import pickle
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from packaging.version import Version
-from typing_extensions import TypeGuard
 
 from lightning_midepoch import _compat, _validate
 from lightning_midepoch import _state as S
@@ -925,7 +924,9 @@ def _workers_text(loader: LoaderReport) -> str:
 
 def _table(rows: list[list[str]], indent: str) -> list[str]:
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    return [indent + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    return [
+        indent + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)).rstrip() for row in rows
+    ]
 
 
 def _loader_lines(report: Report) -> list[str]:
@@ -944,7 +945,7 @@ def _loader_lines(report: Report) -> list[str]:
         rows.append([str(loader.index), loader.kind, *map(_na, sizes), consumed])
     table = _table(rows, "  ")
     lines.append(table[0])
-    for loader, row in zip(report.loaders, table[1:]):
+    for loader, row in zip(report.loaders, table[1:], strict=True):
         lines += [row, f"     order: {_order_text(loader)}"]
         if loader.num_workers is not None:
             lines.append(f"     workers: {_workers_text(loader)}")

@@ -186,7 +186,7 @@ class Restorer:
         Those of the loaders in ``restored`` are set by their replayed pass (only missing ones are reported).
         """
         states = rank_state.get(S.KEY_GENERATORS, []) if rank_state is not None else []
-        for index, (recorder, objects) in enumerate(zip(self.session.recorders, states)):
+        for index, (recorder, objects) in enumerate(zip(self.session.recorders, states, strict=False)):
             if recorder is not None and objects:
                 if index in restored:
                     missing = [path for path in objects if path not in recorder.rng_objects]
@@ -242,7 +242,7 @@ class Restorer:
         )
 
     def reload_dataset_states(self, rank_state: Mapping[str, Any] | None) -> None:
-        for loader, state in zip(self.session.loaders, self._saved_dataset_states(rank_state)):
+        for loader, state in zip(self.session.loaders, self._saved_dataset_states(rank_state), strict=False):
             if state is not None:
                 loader.dataset.load_state_dict(state)
 
@@ -266,7 +266,7 @@ class Restorer:
         ``exclude``: loaders read in workers, whose copies continue from the states their workers saved.
         """
         states = self._saved_dataset_states(rank_state)
-        for index, (loader, state) in enumerate(zip(self.session.loaders, states)):
+        for index, (loader, state) in enumerate(zip(self.session.loaders, states, strict=False)):
             if index in exclude:
                 continue  # read in workers: each worker's copy continues from its own saved state
             if state is not None:

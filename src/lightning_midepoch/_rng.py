@@ -447,5 +447,5 @@ def states_equal(first: Any, second: Any) -> bool:
     if isinstance(first, Mapping) and isinstance(second, Mapping):
         return first.keys() == second.keys() and all(states_equal(first[k], second[k]) for k in first)
     if isinstance(first, (list, tuple)) and isinstance(second, (list, tuple)):
-        return len(first) == len(second) and all(states_equal(a, b) for a, b in zip(first, second))
+        return len(first) == len(second) and all(states_equal(a, b) for a, b in zip(first, second, strict=True))
     return bool(first == second)

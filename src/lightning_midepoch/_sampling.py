@@ -143,7 +143,7 @@ def _batch_from(batch_sampler: BatchSampler, start: int) -> Iterator[list[int]]:
     indices = fast_forward(batch_sampler.sampler, start * batch_sampler.batch_size)
     size = batch_sampler.batch_size
     if batch_sampler.drop_last:
-        for full in zip(*[indices] * size):
+        for full in zip(*[indices] * size, strict=False):  # (groups of `size`; a short rest dropped)
             yield [*full]
         return
     batch = [*itertools.islice(indices, size)]

@@ -300,7 +300,7 @@ class Saver:
         counts = [count for count, _ in history]
         fetches = [
             state
-            for (count, state), later in zip(history, [*counts[1:], getattr(fetcher, "fetched", 0)])
+            for (count, state), later in zip(history, [*counts[1:], getattr(fetcher, "fetched", 0)], strict=True)
             if later > count
         ]
         if pending and len(fetches) >= pending:

@@ -178,7 +178,7 @@ class _Session:
 
     def _restore_samplers(self) -> None:
         self.workers.detach()
-        for loader, recorder in zip(self.loaders, self.recorders):
+        for loader, recorder in zip(self.loaders, self.recorders, strict=True):
             if recorder is not None:
                 attribute = "batch_sampler" if loader.batch_sampler is recorder else "sampler"
                 object.__setattr__(loader, attribute, recorder.inner)

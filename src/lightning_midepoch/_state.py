@@ -364,7 +364,7 @@ def check_loaders(
             f"The checkpoint was saved with {len(saved)} train dataloader(s) but the current run has {len(current)}."
             f" Resume with the same train dataloaders, or {fix}."
         )
-    for index, (old, new) in enumerate(zip(saved, current)):
+    for index, (old, new) in enumerate(zip(saved, current, strict=False)):
         where = "the train dataloader" if len(saved) == 1 else f"train dataloader {index}"
         if old["kind"] != new["kind"]:
             raise MidEpochResumeError(

@@ -452,7 +452,7 @@ class LoaderWorkers:
                 ]
                 state["after_pass"] = [
                     {**entry, "state": _decode(blob) if blob is not None else None}
-                    for entry, blob in zip(workers, after)
+                    for entry, blob in zip(workers, after, strict=True)
                 ]
         return state
 
@@ -552,7 +552,7 @@ class WorkerStates:
     def attach(self, loaders: Sequence[Any], recorders: Sequence[Any]) -> None:
         """Record the workers of every map-style train loader that has them (its index sampler is recorded)."""
         self.detach()
-        for index, (loader, recorder) in enumerate(zip(loaders, recorders)):
+        for index, (loader, recorder) in enumerate(zip(loaders, recorders, strict=True)):
             if not isinstance(loader, DataLoader):  # a list of batches, a generator: nothing runs in workers
                 continue
             iterable = recorder is None and S.loader_kind(loader) == S.KIND_ITERABLE and saves_position(loader.dataset)

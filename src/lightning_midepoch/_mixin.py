@@ -104,10 +104,7 @@ def unmix(obj: Any, original: type) -> None:
 
 
 def stock_state(obj: Any) -> dict[str, Any]:
-    """An object's attributes as the stock object has them (a mixin may define ``_midepoch_stock_state``)."""
-    custom = getattr(obj, "_midepoch_stock_state", None)
-    if custom is not None:
-        return dict(custom())
+    """An object's attributes as the stock object has them: without the mixin's own (``_midepoch...``)."""
     return {name: value for name, value in vars(obj).items() if not name.startswith(OWN_ATTRIBUTE_PREFIX)}
 
 

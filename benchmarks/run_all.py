@@ -16,6 +16,7 @@ from typing import Any
 
 import bench_lockstep
 import bench_overhead
+import bench_preemption
 import bench_resume
 import bench_size_memory
 import bench_workers
@@ -103,6 +104,8 @@ def headline(results: dict[str, Any]) -> list[str]:
         f"{workers['main_process']['added_s'] * 1e6:+.2f} µs per batch in the main process; the checkpoint holds "
         f"{min(per_worker):,.0f} to {max(per_worker):,.0f} B per worker."
     )
+    preemption = results["preemption"]
+    lines.append(f"- {bench_preemption.verdict(preemption['one_process'], preemption['ddp'])}")
     return lines
 
 
@@ -137,6 +140,9 @@ def summary(results: dict[str, Any], sections: dict[str, str], runtime_s: float)
             sections["size_memory"],
             "## 4. DataLoader workers: recording their random states",
             sections["workers"],
+            "## 5. Pre-emption: serving signals at consistent points",
+            sections["preemption"],
+            f"![per-step collectives under DDP]({bench_preemption.PLOT})",
         ]
     )
 
@@ -153,6 +159,7 @@ def main() -> None:
         ("lockstep", bench_lockstep),
         ("size_memory", bench_size_memory),
         ("workers", bench_workers),
+        ("preemption", bench_preemption),
     )
     for name, module in modules:
         section_started = time.perf_counter()

@@ -42,7 +42,7 @@ SUPPORTED_RANGE = f">={SUPPORTED_MIN},<{SUPPORTED_BELOW}"
 
 #: Private attributes used, per object, checked on the live trainer before anything is installed.
 REQUIRED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
-    "trainer": ("_checkpoint_connector",),
+    "trainer": ("_checkpoint_connector", "_accelerator_connector", "_signal_connector"),
     "checkpoint_connector": ("_loaded_checkpoint",),
     "fit_loop": (
         "_data_fetcher",
@@ -65,6 +65,7 @@ REQUIRED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
         "_batches_that_stepped",
         "_should_accumulate",
         "_num_ready_batches_reached",
+        "_should_check_val_fx",
         "batch_progress",
         "restarted_on_train_batch_end",
         "reset_restart_stage",
@@ -74,6 +75,8 @@ REQUIRED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
         "reset",
     ),
     "val_loop": ("increment_progress_to_evaluation_end",),
+    # the override that defers the signal handlers it registers (lightning_midepoch._preemption)
+    "signal_connector": ("register_signal_handlers", "teardown"),
 }
 
 #: Private names of the fetchers and combined_loader modules (checked with the fetcher).
@@ -236,6 +239,7 @@ def check_supported(trainer: Trainer) -> None:
         "fit_loop": trainer.fit_loop,
         "epoch_loop": trainer.fit_loop.epoch_loop,
         "val_loop": getattr(trainer.fit_loop.epoch_loop, "val_loop", None),
+        "signal_connector": getattr(trainer, "_signal_connector", None),
     }
     missing = [
         f"{name}.{attribute}"
@@ -609,6 +613,24 @@ def reopen_epoch(progress: Any, epoch: int) -> None:
 def count_epoch_ready(progress: Any) -> None:
     """Count the fit loop's current epoch as ready again, as the totals of its epoch progress already do."""
     progress.current.ready = progress.current.completed + 1
+
+
+def cluster_environment(trainer: Trainer) -> object:
+    """The trainer's cluster environment (a ``SLURMEnvironment`` carries the signal its auto-requeue listens to).
+
+    Lightning reads it from the same place when it registers its signal handlers.
+    """
+    return trainer._accelerator_connector.cluster_environment
+
+
+def signal_connector(trainer: Trainer) -> object:
+    """The trainer's signal connector, which registers Lightning's signal handlers as ``fit`` starts."""
+    return trainer._signal_connector
+
+
+def validation_follows(trainer: Trainer, fetcher: Any) -> bool:
+    """Whether the training loop runs a validation right after the current batch (asked in ``on_train_batch_end``)."""
+    return bool(trainer.fit_loop.epoch_loop._should_check_val_fx(fetcher))
 
 
 def interrupted(trainer: Trainer) -> bool:

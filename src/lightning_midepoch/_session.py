@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from lightning_midepoch import _rng, _workers
+from lightning_midepoch import _compat, _rng, _workers
 from lightning_midepoch import _state as S
 from lightning_midepoch._fetchers import _FetchingCombinedLoader, _ResumableDataFetcher
 from lightning_midepoch._loops import _ResumableFitLoop, _ResumableTrainingEpochLoop
@@ -20,6 +20,7 @@ from lightning_midepoch._mixin import mix_in, mixed_copy, unmix
 from lightning_midepoch._order import _IndexSamplerRecorder
 from lightning_midepoch._passes import ResumedPass
 from lightning_midepoch._planning import ResumePlanner
+from lightning_midepoch._preemption import SignalDeferral, _DeferringSignalConnector
 from lightning_midepoch._restoring import Restorer
 from lightning_midepoch._saving import Saver
 
@@ -68,6 +69,12 @@ class _Session:
         self._mix(fit_loop, _ResumableFitLoop)
         if fit_loop._data_fetcher is not None:  # pragma: no cover - Lightning creates it inside setup_data
             fit_loop._data_fetcher = fit_loop._data_fetcher  # the fit loop's override adopts it
+
+    def defer_signals(self, deferral: SignalDeferral) -> None:
+        """Put the override on this trainer's signal connector: ``deferral`` takes its handlers' place in ``fit``."""
+        connector = _compat.signal_connector(self.trainer)
+        self._mix(connector, _DeferringSignalConnector)
+        vars(connector)["_midepoch_deferral"] = deferral
 
     def loops_restoring(self) -> None:
         """Lightning is about to restore the loops' state: put the epoch loop's override on the epoch loop.

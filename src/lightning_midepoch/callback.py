@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, get_args
 
+import torch
 from typing_extensions import override
 
 from lightning_midepoch import _compat
 from lightning_midepoch import _state as S
+from lightning_midepoch._preemption import Agreement, SignalDeferral, candidate_signals
 from lightning_midepoch._saving import Snapshot
 from lightning_midepoch._session import OnMismatch, _Session
 
@@ -87,6 +90,9 @@ class MidEpochResume(_CallbackBase):
         self._session: _Session | None = None
         # where the latest fit of this trainer stopped: what a checkpoint written after it records
         self._final: Snapshot | None = None
+        # the signals that ask for a checkpoint, served at consistent points (see lightning_midepoch._preemption)
+        self._deferral: SignalDeferral | None = None
+        self._agree: Agreement | bool | None = None  # under DDP: how the ranks agree (False: one process; None: unset)
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -97,7 +103,58 @@ class MidEpochResume(_CallbackBase):
         self._final = None
         self._session = _Session(trainer, self.on_mismatch)
         self._session.install()
+        environment = _compat.cluster_environment(trainer)
+        self._deferral = SignalDeferral(candidate_signals(getattr(environment, "requeue_signal", None)))
+        self._session.defer_signals(self._deferral)
 
+    # ------------------------------------------------------------------ pre-emption
+    def _serve_signals(self, trainer: Trainer, hold: Callable[[], Collection[int]] = tuple) -> None:
+        """A consistent point: serve the signals received since the last one (see SignalDeferral.serve)."""
+        deferral = self._deferral
+        if deferral is None:
+            return
+        if self._agree is None:  # the first point: under DDP, the ranks compare notes from now on
+            distributed = trainer.world_size > 1 and torch.distributed.is_initialized()
+            self._agree = Agreement(deferral.signals, trainer.strategy.root_device) if distributed else False
+        agreement = self._agree if isinstance(self._agree, Agreement) else None
+        if deferral.pending or deferral.held or agreement is not None:
+            deferral.serve(agreement, str(trainer.default_root_dir), hold)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._serve_signals(trainer, lambda: self._held_before_validation(trainer))
+
+    def _held_before_validation(self, trainer: Trainer) -> tuple[int, ...]:
+        """SIGTERM waits for the validation's end when one follows this batch.
+
+        Lightning's SIGTERM notifier only sets a flag, which its loops check at their next boundary: inside a
+        validation that is after the validation's first batch, a checkpoint (``OnExceptionCheckpoint``) in its middle.
+        """
+        fetcher = self._session.fetcher if self._session is not None else None
+        follows = fetcher is not None and _compat.validation_follows(trainer, fetcher)
+        return (signal.SIGTERM,) if follows else ()
+
+    @override
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # not inside a validation: a checkpoint written there resumes by running the validation again, from the
+        # random states of its middle
+        if not trainer.sanity_checking:
+            self._serve_signals(trainer)
+
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._serve_signals(trainer)
+
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # the last point: every signal received in training is served (under DDP later ones are dropped: all is done)
+        if isinstance(self._agree, Agreement):
+            self._agree.compare_next()
+        self._serve_signals(trainer)
+
+    # ------------------------------------------------------------------ the end of a fit
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # a checkpoint from the very end of training resumes into no epoch at all: the process still continues
@@ -119,7 +176,8 @@ class MidEpochResume(_CallbackBase):
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        # Lightning runs no teardown hook after an exception: give everything back here
+        # Lightning runs no teardown hook after an exception: give everything back here (the ranks may not all be
+        # here: no signal is served)
         self._finish()
 
     @override
@@ -128,6 +186,7 @@ class MidEpochResume(_CallbackBase):
 
     def _finish(self) -> None:
         """Keep where the fit stopped, for a checkpoint written after it, and give the trainer its stock loops back."""
+        self._deferral = self._agree = None  # (the session gives the trainer its signal connector back)
         if self._session is not None:
             self._final = self._session.saver.snapshot()
             self._session.uninstall()

@@ -1,0 +1,589 @@
+"""Pre-emption chaos: deliver a signal at a reproducible moment of a fit, let the job be stopped, resume, compare.
+
+A delivery is reproducible on a busy machine when it is counted, not timed: :class:`Trigger` counts the lines the
+main thread runs (``sys.settrace``, tests only) and raises the signal at the N-th, and then plays what follows as the
+flow's scheduler would (SLURM: the requeue's SIGTERM, then the kill). The job then ends, and a second job resumes the
+way the flow resumes (Lightning's own hpc restore with no ``ckpt_path``, ``ckpt_path="hpc"``, or the checkpoint's
+path). The oracle is the uninterrupted run of the same :class:`~harness.Config`.
+
+Flows (:data:`FLOWS`):
+
+* ``slurm``: ``SLURMEnvironment(auto_requeue=True)``, SIGUSR1, resumed by Lightning without ``ckpt_path``;
+* ``slurm-custom``: the same with ``requeue_signal=SIGHUP``, resumed with ``ckpt_path="hpc"``;
+* ``sigterm``: SIGTERM as Lightning handles it, ``OnExceptionCheckpoint`` writes the checkpoint;
+* ``user``: the user's own SIGUSR2 handler, installed before ``fit``, calls ``trainer.save_checkpoint``.
+
+``python tests/chaos.py --deliveries 300 [--seed S] [--stock]`` runs them all and prints, per flow, the deliveries,
+the exact resumes and where the signals landed (``make chaos``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib
+import os
+import random
+import signal
+import stat
+import sys
+import threading
+import time
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+
+from harness import NAMESPACE, Config, L, Model, OnExceptionCheckpoint, RunResult, assert_same_state
+from lightning_midepoch import MidEpochResume
+
+SLURMEnvironment = importlib.import_module(f"{NAMESPACE}.plugins.environments").SLURMEnvironment
+
+#: the environment of a one-task SLURM job (Lightning detects SLURM from it and restores its hpc checkpoints)
+SLURM_ENV = {
+    "SLURM_NTASKS": "1",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_JOB_NAME": "train",
+    "SLURM_JOB_ID": "4242",
+    "SLURM_NODEID": "0",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODELIST": "localhost",
+}
+
+
+#: the signals a job's handlers may hold
+JOB_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class Flow:
+    name: str
+    signum: int
+    resume: str  # "auto" (no ckpt_path, Lightning finds the hpc checkpoint), "hpc", or "path"
+
+
+FLOWS = {
+    "slurm": Flow("slurm", signal.SIGUSR1, "auto"),
+    "slurm-custom": Flow("slurm-custom", signal.SIGHUP, "hpc"),
+    "sigterm": Flow("sigterm", signal.SIGTERM, "path"),
+    "user": Flow("user", signal.SIGUSR2, "path"),
+}
+
+#: a 2-epoch run with dropout, random augmentation in __getitem__ and a validation in the middle of each epoch
+CONFIG = Config(augment=True, max_epochs=2, validation=True, val_check_interval=0.5)
+
+
+class Killed(BaseException):
+    """The job's process is killed (SIGKILL): nothing after this moment counts."""
+
+
+class Trigger:
+    """Raise ``signum`` at the ``at``-th line the main thread runs, then play what the scheduler does next.
+
+    SLURM: once the requeue ran (the fake ``scontrol`` wrote ``requeued``), SIGTERM, then the kill ``grace`` lines
+    later. Others: the kill ``grace`` lines after the checkpoint file appeared (the user's handler, then the job is
+    stopped), or never (SIGTERM ends the job by itself).
+    """
+
+    def __init__(
+        self,
+        at: int,
+        signum: int,
+        job_dir: Path,
+        *,
+        slurm: bool,
+        watch: Path | None,
+        grace: int,
+        callback: bool = True,
+        record: str | None = None,
+    ) -> None:
+        self.callback = callback
+        self.record = record  # (probe) record the lines run in files whose path contains this
+        self.recorded: list[int] = []
+        self.at, self.signum, self.job_dir, self.slurm, self.watch, self.grace = (
+            at,
+            signum,
+            job_dir,
+            slurm,
+            watch,
+            grace,
+        )
+        self.lines = 0
+        self.handled: list[int] = []  # (probe) the first and the last line at which the signal had a handler
+        self.landed: str | None = None  # where the signal was raised: "module:function"
+        self.kill_at: int | None = None
+        self.sigterm_sent = False
+
+    def __enter__(self) -> Trigger:
+        self.forked = False
+        _ACTIVE.append(self)
+        sys.settrace(self._global)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.settrace(None)
+        _ACTIVE.remove(self)
+
+    def _global(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        return self._local
+
+    def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if self.forked:  # a DataLoader worker forked from the traced process: only the main process counts
+            return None
+        if event != "line":
+            return self._local
+        self.lines += 1
+        if self.at < 0:  # the probe: where a delivery finds a handler (before Lightning's, the signal kills)
+            if _deferred(signal.getsignal(self.signum)) or (
+                not self.callback and callable(signal.getsignal(self.signum))
+            ):
+                if self.handled:
+                    self.handled[1] = self.lines
+                else:
+                    self.handled = [self.lines, self.lines]
+            if self.record is not None and self.record in frame.f_code.co_filename.replace(os.sep, "/"):
+                self.recorded.append(self.lines)
+            return self._local
+        if self.lines == self.at:
+            self.landed = where(frame)
+            signal.raise_signal(self.signum)
+        elif self.lines > self.at and self.lines % 64 == 0:
+            self._scheduler()
+        if self.kill_at is not None and self.lines >= self.kill_at:
+            sys.settrace(None)
+            raise Killed
+        return self._local
+
+    def _scheduler(self) -> None:
+        if self.kill_at is not None:
+            return
+        if self.slurm and (self.job_dir / "requeued").exists():
+            if not self.sigterm_sent:
+                self.sigterm_sent = True
+                signal.raise_signal(signal.SIGTERM)  # scontrol requeue: SLURM ends the job
+            self.kill_at = self.lines + self.grace  # ... and kills it after KillWait
+        elif self.watch is not None and self.watch.exists():
+            self.kill_at = self.lines + self.grace
+
+
+_ACTIVE: list[Trigger] = []
+
+
+def _forked_child() -> None:
+    sys.settrace(None)
+    for trigger in _ACTIVE:
+        trigger.forked = True
+
+
+os.register_at_fork(after_in_child=_forked_child)
+
+
+def _deferred(handler: object) -> bool:
+    """The callback's deferral holds the signal (from Lightning's registration of its handlers to its teardown)."""
+    return type(getattr(handler, "__self__", None)).__name__ == "SignalDeferral"
+
+
+#: what the main thread is doing, by a function on its stack (innermost first) and the file it is in: the buckets
+#: of the histogram of where signals land
+ACTIVITIES = (
+    ("optimizer step", "torch/optim/", ("step", "_single_tensor_sgd", "_multi_tensor_sgd", "sgd")),
+    ("fetch: dataset, collate", "", ("__getitem__", "__getitems__", "default_collate", "collate", "_next_data")),
+    ("batch to device", "", ("batch_to_device", "move_data_to_device", "_on_before_batch_transfer")),
+    ("backward", "", ("backward", "manual_backward")),
+    ("training_step, forward", "", ("training_step",)),
+    ("validation", "", ("validation_step", "_evaluation_step", "_on_evaluation_start", "_on_evaluation_end")),
+    ("checkpoint save", "", ("save_checkpoint",)),
+    ("callback hooks", "", ("_call_callback_hooks",)),
+    ("lightning loops", "lightning/pytorch/loops/", ("",)),
+)
+
+
+def where(frame: FrameType) -> str:
+    """What the main thread is doing when the signal lands (a histogram bucket), and the innermost function."""
+    innermost = frame.f_code.co_name
+    stack: FrameType | None = frame
+    while stack is not None:
+        filename, name = stack.f_code.co_filename.replace(os.sep, "/"), stack.f_code.co_name
+        for activity, place, names in ACTIVITIES:
+            if place in filename and (name in names or names == ("",)):
+                return f"{activity}:{innermost}"
+        stack = stack.f_back
+    return f"other:{innermost}"
+
+
+def fake_scontrol(folder: Path) -> Path:
+    """An ``scontrol`` for the PATH: ``scontrol requeue JOB`` writes ``$CHAOS_JOB_DIR/requeued`` and succeeds."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "scontrol"
+    script.write_text('#!/bin/sh\necho "$@" > "$CHAOS_JOB_DIR/requeued"\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return folder
+
+
+@dataclass
+class Job:
+    result: RunResult | None
+    trigger: Trigger | None
+    ended: str  # "finished", "killed", "sigterm"
+
+
+def _trainer(config: Config, flow: Flow, job_dir: Path, callback: bool, extra: list[Any]) -> L.Trainer:
+    callbacks: list[Any] = ([MidEpochResume()] if callback else []) + extra
+    plugins = []
+    if flow.name.startswith("slurm"):
+        plugins.append(SLURMEnvironment(auto_requeue=True, requeue_signal=signal.Signals(flow.signum)))
+    if flow.name == "sigterm":
+        callbacks.append(OnExceptionCheckpoint(dirpath=job_dir))
+    return L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=flow.name == "sigterm",
+        num_sanity_val_steps=0,
+        deterministic=True,
+        callbacks=callbacks,
+        default_root_dir=job_dir,
+        plugins=plugins,
+        **config.trainer_kwargs(),
+    )
+
+
+class _SaveCounter(L.Callback):
+    """Records, in each checkpoint, how many batches the model had trained when it was written (test bookkeeping)."""
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        checkpoint["chaos_trained"] = len(pl_module.seen)
+
+
+def run_job(
+    config: Config,
+    flow: Flow,
+    job_dir: Path,
+    *,
+    callback: bool = True,
+    at: int | None = None,
+    ckpt_path: str | None = None,
+    seed: int = 1,
+    grace: int = 3000,
+    record: str | None = None,
+) -> Job:
+    """One job of ``flow``: with ``at``, the signal lands at that line and the job is stopped as the flow stops it."""
+    # each job is a process of its own: whatever handlers a killed job left behind are gone with it
+    handlers = {signum: signal.getsignal(signum) for signum in JOB_SIGNALS}
+    try:
+        L.seed_everything(seed, verbose=False)
+        model = Model(config)
+        if ckpt_path is not None:
+            L.seed_everything(seed + 1000, verbose=False)
+        trainer = _trainer(config, flow, job_dir, callback, [_SaveCounter()])
+        user_ckpt = job_dir / "preempted.ckpt"
+        if flow.name == "user":
+
+            def save_on_signal(signum: int, frame: Any) -> None:  # the pattern of a Kubernetes preStop handler
+                trainer.save_checkpoint(user_ckpt)
+
+            signal.signal(flow.signum, save_on_signal)
+        trigger = None
+        ended = "finished"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                if at is not None:
+                    watch = user_ckpt if flow.name == "user" else None
+                    slurm = flow.name.startswith("slurm")
+                    trigger = Trigger(
+                        at,
+                        flow.signum,
+                        job_dir,
+                        slurm=slurm,
+                        watch=watch,
+                        grace=grace,
+                        callback=callback,
+                        record=record,
+                    )
+                    with trigger:
+                        trainer.fit(model, ckpt_path=ckpt_path)
+                else:
+                    trainer.fit(model, ckpt_path=ckpt_path)
+            except Killed:
+                ended = "killed"
+            except SystemExit:  # Lightning's SIGTERMException
+                ended = "sigterm"
+        return Job(RunResult(model, trainer, False, {}), trigger, ended)
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
+def count_lines(config: Config, flow: Flow, job_dir: Path, *, callback: bool = True) -> tuple[int, int]:
+    """The lines of an uninterrupted fit at which the signal has a handler: the first and the last.
+
+    Deliveries are drawn between them: before Lightning registers its handlers (and after it restores the previous
+    ones) the signal's default action ends the process, as it does in a real job.
+    """
+    job = run_job(config, flow, job_dir, at=-1, callback=callback)
+    assert job.trigger is not None
+    assert job.trigger.handled, f"{flow.name}: the signal never had a handler"
+    first, last = job.trigger.handled
+    return first, last
+
+
+@dataclass
+class Outcome:
+    flow: str
+    at: int
+    landed: str | None
+    checkpoint: str | None  # the file the resumed job started from
+    exact: bool
+    why: str = ""
+
+
+def _resume_checkpoint(flow: Flow, job_dir: Path) -> tuple[str | None, Path | None]:
+    """The ``ckpt_path`` the flow's next job passes, and the file it resumes from (None: it starts over)."""
+    if flow.name.startswith("slurm"):
+        files = sorted(job_dir.glob("hpc_ckpt_*.ckpt"), key=lambda path: int(path.stem.rsplit("_", 1)[1]))
+        if not files:
+            return None, None
+        return (None if flow.resume == "auto" else "hpc"), files[-1]
+    name = "on_exception.ckpt" if flow.name == "sigterm" else "preempted.ckpt"
+    path = job_dir / name
+    return (str(path), path) if path.exists() else (None, None)
+
+
+def deliver(config: Config, flow: Flow, at: int, job_dir: Path, full: RunResult, *, callback: bool = True) -> Outcome:
+    """Signal a job at line ``at``, stop it as the flow does, resume as the flow does, and compare with ``full``."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["CHAOS_JOB_DIR"] = str(job_dir)
+    first = run_job(config, flow, job_dir, callback=callback, at=at)
+    assert first.trigger is not None
+    landed = first.trigger.landed
+    ckpt_path, source = _resume_checkpoint(flow, job_dir)
+    if source is None and first.ended == "finished" and first.result is not None:  # served after training: done
+        why = "" if first.result.model.seen == full.model.seen else "batches differ"
+        try:
+            assert_same_state(full, first.result)
+        except AssertionError as error:
+            why = why or f"state differs: {error}"
+        return Outcome(flow.name, at, landed, None, not why, why)
+    if source is None:
+        return Outcome(flow.name, at, landed, None, False, f"no checkpoint written (job {first.ended})")
+    trained = int(torch.load(source, weights_only=False, map_location="cpu")["chaos_trained"])
+    before = first.result.model.seen[:trained] if first.result is not None else []
+    second = run_job(config, flow, job_dir, callback=callback, ckpt_path=ckpt_path if ckpt_path else None, seed=2)
+    assert second.result is not None
+    why = ""
+    if before + second.result.model.seen != full.model.seen:
+        why = "batches differ"
+    else:
+        try:
+            assert_same_state(full, second.result)
+        except AssertionError as error:
+            why = f"state differs: {error}"
+    return Outcome(flow.name, at, landed, source.name, not why, why)
+
+
+def uninterrupted(config: Config, flow: Flow, job_dir: Path, *, callback: bool = True) -> RunResult:
+    job = run_job(config, flow, job_dir, callback=callback)
+    assert job.result is not None
+    return job.result
+
+
+# ---------------------------------------------------------------------------------------------------- DDP
+DDP_CONFIG = Config(augment=True, max_epochs=2, dataset_size=160, validation=True, val_check_interval=0.5)
+SLURM_JOB = Path(__file__).resolve().parent / "slurm_job.py"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def slurm_step(
+    job_dir: Path, attempt: int, signal_after: list[float] | None, *, stock: bool = False, timeout: float = 240
+) -> str:
+    """Run one attempt of a 2-task SLURM job step (``tests/slurm_job.py`` per task): "done" or "hang"."""
+    import subprocess
+
+    job_dir.mkdir(parents=True, exist_ok=True)
+    port = str(_free_port())
+    processes = []
+    for rank in range(2):
+        env = {
+            **os.environ,
+            **SLURM_ENV,
+            "SLURM_NTASKS": "2",
+            "SLURM_NTASKS_PER_NODE": "2",
+            "SLURM_PROCID": str(rank),
+            "SLURM_LOCALID": str(rank),
+            "MASTER_PORT": port,
+            "CHAOS_JOB_DIR": str(job_dir),
+            "PATH": f"{fake_scontrol(job_dir / 'bin')}{os.pathsep}{os.environ['PATH']}",
+        }
+        command = [
+            sys.executable,
+            *([os.environ["CHAOS_DEBUG"]] if "CHAOS_DEBUG" in os.environ else []),
+            str(SLURM_JOB),
+            str(job_dir),
+            "--attempt",
+            str(attempt),
+        ]
+        command += ["--config", _config_json(DDP_CONFIG)]
+        if signal_after is not None:
+            command += ["--signal-after", str(signal_after[rank])]
+        if stock:
+            command.append("--stock")
+        log = open(job_dir / f"rank{rank}-{attempt}.log", "w")  # noqa: SIM115 - closed with the process
+        processes.append((subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    deadline = time.monotonic() + timeout
+    outcome = "done"
+    for process, _ in processes:
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            outcome = "hang"
+    for process, log in processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()
+    return outcome
+
+
+def _config_json(config: Config) -> str:
+    """The fields of ``config`` that differ from the defaults, as ``--config`` takes them."""
+    import json
+    from dataclasses import fields
+
+    defaults = Config()
+    changed = {
+        f.name: getattr(config, f.name) for f in fields(config) if getattr(config, f.name) != getattr(defaults, f.name)
+    }
+    return json.dumps(changed)
+
+
+def deliver_ddp(job_dir: Path, full_dir: Path, signal_after: list[float], *, stock: bool = False) -> Outcome:
+    """Signal each rank of a 2-rank SLURM job at its own moment; requeue; resume; compare every rank with ``full``."""
+    label = f"ddp after {signal_after[0]:.2f}/{signal_after[1]:.2f} s"
+    if slurm_step(job_dir, 0, signal_after, stock=stock) == "hang":
+        return Outcome("ddp", 0, label, None, False, "the signalled job hung")
+    flow = Flow("slurm-ddp", signal.SIGUSR1, "auto")
+    _, source = _resume_checkpoint(flow, job_dir)
+    if source is None:
+        firsts = [torch.load(job_dir / f"rank{rank}-0.pt", weights_only=False) for rank in range(2)]
+        if any(first["signalled_in_training"] for first in firsts):
+            return Outcome("ddp", 0, label, None, False, "signalled during training, but no checkpoint written")
+        fulls = [torch.load(full_dir / f"rank{rank}-0.pt", weights_only=False) for rank in range(2)]
+        same = all(
+            first["seen"] == full["seen"] and all(torch.equal(v, first["params"][k]) for k, v in full["params"].items())
+            for first, full in zip(firsts, fulls, strict=True)
+        )
+        return Outcome("ddp", 0, label, None, same, "" if same else "signalled after training, yet the run differs")
+    trained = int(torch.load(source, weights_only=False, map_location="cpu")["chaos_trained"])
+    if slurm_step(job_dir, 1, None, stock=stock) == "hang":
+        return Outcome("ddp", 0, label, source.name, False, "the requeued job hung")
+    for rank in range(2):
+        full = torch.load(full_dir / f"rank{rank}-0.pt", weights_only=False)
+        first = torch.load(job_dir / f"rank{rank}-0.pt", weights_only=False)
+        second = torch.load(job_dir / f"rank{rank}-1.pt", weights_only=False)
+        if first["seen"][:trained] + second["seen"] != full["seen"]:
+            return Outcome("ddp", 0, label, source.name, False, f"rank {rank}: batches differ")
+        for name, value in full["params"].items():
+            if not torch.equal(value, second["params"][name]):
+                return Outcome("ddp", 0, label, source.name, False, f"rank {rank}: parameter {name} differs")
+    return Outcome("ddp", 0, label, source.name, True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--deliveries", type=int, default=300, help="in all, spread over the flows")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--flows", default=",".join(FLOWS))
+    parser.add_argument("--workers", type=int, nargs="*", default=[0, 2])
+    parser.add_argument("--stock", type=int, default=0, help="deliveries without the callback (the stock control)")
+    parser.add_argument("--ddp", type=int, default=0, help="of --deliveries: 2-rank SLURM jobs, signalled by timers")
+    parser.add_argument("--ddp-stock", type=int, default=0, help="2-rank SLURM jobs without the callback")
+    parser.add_argument("--out", default="chaos-output")
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    print(f"chaos seed: {seed} (python tests/chaos.py --seed {seed} ... repeats these deliveries)", flush=True)
+    rng = random.Random(seed)
+    out = Path(args.out)
+    os.environ["PATH"] = f"{fake_scontrol(out / 'bin')}{os.pathsep}{os.environ['PATH']}"
+    os.environ.update(SLURM_ENV)
+    flows = [FLOWS[name] for name in args.flows.split(",")]
+    cases = [(flow, workers) for flow in flows for workers in args.workers]
+    outcomes: list[tuple[str, Outcome]] = []
+    started = time.monotonic()
+    plan = [(cases[i % len(cases)], True) for i in range(args.deliveries - args.ddp)]
+    plan += [(cases[i % len(cases)], False) for i in range(args.stock)]
+    fulls: dict[tuple[str, int, bool], tuple[RunResult, tuple[int, int]]] = {}
+    for index, ((flow, workers), callback) in enumerate(plan):
+        config = replace(CONFIG, num_workers=workers)
+        key = (flow.name, workers, callback)
+        if key not in fulls:
+            full = uninterrupted(config, flow, out / f"full-{flow.name}-{workers}-{callback}", callback=callback)
+            fulls[key] = (full, count_lines(config, flow, out / f"count-{key}", callback=callback))
+        full, lines = fulls[key]
+        at = rng.randint(*lines)
+        outcome = deliver(config, flow, at, out / f"d{index}", full, callback=callback)
+        label = f"{flow.name} nw={workers}{'' if callback else ' STOCK'}"
+        outcomes.append((label, outcome))
+        print(
+            f"[{index + 1}/{len(plan)}] {label} line {at}: landed in {outcome.landed};"
+            f" resumed from {outcome.checkpoint}: {'exact' if outcome.exact else 'INEXACT ' + outcome.why}",
+            flush=True,
+        )
+    if args.ddp or args.ddp_stock:
+        full_dir = out / "ddp-full"
+        assert slurm_step(full_dir, 0, None) == "done", "the uninterrupted DDP job hung"
+        training = torch.load(full_dir / "rank0-0.pt", weights_only=False)["seconds"]
+        for index in range(args.ddp + args.ddp_stock):
+            stock = index >= args.ddp
+            moments = [rng.uniform(0, training * 0.8), rng.uniform(0, training * 0.8)]
+            outcome = deliver_ddp(out / f"ddp{index}", full_dir, moments, stock=stock)
+            label = f"slurm ddp{' STOCK' if stock else ''}"
+            outcomes.append((label, outcome))
+            print(
+                f"[ddp {index + 1}/{args.ddp + args.ddp_stock}] {label} {outcome.landed}: resumed from"
+                f" {outcome.checkpoint}: {'exact' if outcome.exact else 'INEXACT ' + outcome.why}",
+                flush=True,
+            )
+    _summary(outcomes, time.monotonic() - started)
+    ours = [outcome for label, outcome in outcomes if "STOCK" not in label]
+    sys.exit(0 if all(outcome.exact for outcome in ours) else 1)
+
+
+def _summary(outcomes: list[tuple[str, Outcome]], seconds: float) -> None:
+    print(f"\n{len(outcomes)} deliveries in {seconds:.0f} s")
+    per: dict[str, list[Outcome]] = collections.defaultdict(list)
+    for label, outcome in outcomes:
+        per[label].append(outcome)
+    print(f"{'flow':<28}{'deliveries':>11}{'exact':>7}")
+    for label, group in per.items():
+        print(f"{label:<28}{len(group):>11}{sum(o.exact for o in group):>7}")
+    print("\nwhere the signals landed (what the main thread was doing): deliveries, exact")
+    areas = collections.Counter(
+        (outcome.landed or "?").split(":")[0] for label, outcome in outcomes if "STOCK" not in label
+    )
+    exact = collections.Counter(
+        (outcome.landed or "?").split(":")[0] for label, outcome in outcomes if "STOCK" not in label and outcome.exact
+    )
+    for area, count in areas.most_common():
+        print(f"  {area:<28}{count:>5}{exact[area]:>6}")
+
+
+if __name__ == "__main__":
+    main()

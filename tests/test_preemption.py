@@ -1,0 +1,226 @@
+"""Pre-emption: signals that ask for a checkpoint are served at consistent points, and the resumes are exact.
+
+The Trainer-level cases deliver the signal at a counted line of the main thread (``tests/chaos.py``), or, for the
+2-rank job, by a timer in each task (``tests/slurm_job.py``); ``make chaos`` runs at least 300 deliveries.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import tempfile
+from dataclasses import replace
+
+import pytest
+import torch
+
+import chaos
+from harness import L
+from lightning_midepoch import MidEpochResume
+from lightning_midepoch._preemption import SignalDeferral, candidate_signals, temporary_files_in
+
+#: the seed of this run's sample of deliveries (``MIDEPOCH_CHAOS_SEED=S make test`` repeats one)
+SEED = int(os.environ.get("MIDEPOCH_CHAOS_SEED", random.SystemRandom().randrange(2**31)))
+
+
+@pytest.fixture
+def usr2():
+    """SIGUSR2 with a handler that records its calls (the process's own handler is put back after the test)."""
+    calls: list[int] = []
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: calls.append(signum))
+    yield calls
+    signal.signal(signal.SIGUSR2, previous)
+
+
+def test_a_deferred_signal_runs_its_handler_only_when_served(usr2):
+    deferral = SignalDeferral((signal.SIGUSR2,))
+    deferral.install()
+    signal.raise_signal(signal.SIGUSR2)
+    signal.raise_signal(signal.SIGUSR2)  # a repeat before the point: one request
+    assert usr2 == []
+    assert deferral.serve() is True
+    assert usr2 == [signal.SIGUSR2]
+    assert deferral.serve() is False  # nothing pending
+    deferral.uninstall()
+    signal.raise_signal(signal.SIGUSR2)  # the handler is back
+    assert usr2 == [signal.SIGUSR2, signal.SIGUSR2]
+
+
+def test_a_repeat_while_its_handler_runs_is_coalesced_and_another_signal_waits():
+    calls: list[int] = []
+
+    def handler(signum, frame):
+        calls.append(signum)
+        if len(calls) == 1:
+            signal.raise_signal(signal.SIGUSR2)  # the same signal again, while the checkpoint is being written
+            signal.raise_signal(signal.SIGUSR1)  # another one
+
+    previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGUSR1, signal.SIGUSR2)}
+    try:
+        deferral = SignalDeferral((signal.SIGUSR1, signal.SIGUSR2))
+        deferral.install()
+        signal.raise_signal(signal.SIGUSR2)
+        deferral.serve()
+        assert calls == [signal.SIGUSR2]
+        assert deferral.pending == [signal.SIGUSR1]
+        deferral.serve()
+        assert calls == [signal.SIGUSR2, signal.SIGUSR1]
+        assert deferral.received == 3
+        deferral.uninstall()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@pytest.mark.parametrize("handler", [signal.SIG_DFL, signal.SIG_IGN, signal.default_int_handler], ids=repr)
+def test_the_default_action_ignoring_and_ctrl_c_are_left_alone(handler):
+    previous = signal.signal(signal.SIGUSR2, handler)
+    try:
+        deferral = SignalDeferral((signal.SIGUSR2,))
+        deferral.install()
+        assert not deferral.installed
+        assert signal.getsignal(signal.SIGUSR2) == handler
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+
+
+def test_uninstall_leaves_a_handler_set_since_alone(usr2):
+    deferral = SignalDeferral((signal.SIGUSR2,))
+    deferral.install()
+    replacement = lambda signum, frame: None  # noqa: E731
+    signal.signal(signal.SIGUSR2, replacement)
+    deferral.uninstall()
+    assert signal.getsignal(signal.SIGUSR2) is replacement
+
+
+def test_the_ranks_agreement_decides_what_is_served(usr2):
+    deferral = SignalDeferral((signal.SIGUSR1, signal.SIGUSR2))
+    deferral.install()
+    # another rank received SIGUSR2: this one serves it too, at the same point
+    assert deferral.serve(agree=lambda pending: [*pending, int(signal.SIGUSR2)]) is True
+    assert usr2 == [signal.SIGUSR2]
+    deferral.uninstall()
+
+
+def test_candidate_signals_add_a_custom_requeue_signal_once():
+    assert candidate_signals(signal.SIGUSR1) == candidate_signals()
+    assert candidate_signals(signal.SIGHUP)[-1] == signal.SIGHUP
+
+
+def test_handlers_served_write_their_temporary_files_beside_the_checkpoints(tmp_path):
+    elsewhere = tempfile.gettempdir()
+    with temporary_files_in(str(tmp_path)):
+        assert tempfile.gettempdir() == str(tmp_path)
+        with tempfile.NamedTemporaryFile() as file:
+            assert os.path.dirname(file.name) == str(tmp_path)
+    assert tempfile.gettempdir() == elsewhere
+    with temporary_files_in(str(tmp_path / "missing")):  # not a local folder: as it was
+        assert tempfile.gettempdir() == elsewhere
+
+
+# ------------------------------------------------------------------------------------------- Trainer level
+@pytest.fixture
+def slurm_job(tmp_path, monkeypatch):
+    """A one-task SLURM job's environment, with a fake ``scontrol`` on the PATH."""
+    for name, value in chaos.SLURM_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PATH", f"{chaos.fake_scontrol(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}")
+    return tmp_path
+
+
+_WINDOWS: dict[tuple[str, int, bool], tuple[int, int]] = {}
+
+
+def _window(config, flow, tmp_path, callback=True):
+    key = (flow.name, config.num_workers, callback)
+    if key not in _WINDOWS:
+        _WINDOWS[key] = chaos.count_lines(config, flow, tmp_path / "count", callback=callback)
+    return _WINDOWS[key]
+
+
+#: per flow and worker count: how many deliveries ``make test`` samples (``make chaos`` runs hundreds)
+SAMPLE = {0: 3, 2: 1}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("flow", list(chaos.FLOWS))
+def test_a_signal_anywhere_in_fit_resumes_exactly(flow, num_workers, slurm_job, tmp_path):
+    """SLURM's user signal (and a custom requeue signal), SIGTERM with OnExceptionCheckpoint and a user's own handler:
+    wherever the signal lands, the checkpoint the flow writes resumes bitwise as the uninterrupted run."""
+    flow = chaos.FLOWS[flow]
+    config = replace(chaos.CONFIG, num_workers=num_workers)
+    full = chaos.uninterrupted(config, flow, tmp_path / "full")
+    first, last = _window(config, flow, tmp_path)
+    rng = random.Random(f"{SEED}-{flow.name}-{num_workers}")
+    for index in range(SAMPLE[num_workers]):
+        at = rng.randint(first, last)
+        outcome = chaos.deliver(config, flow, at, tmp_path / f"d{index}", full)
+        assert outcome.exact, f"{outcome} (MIDEPOCH_CHAOS_SEED={SEED} repeats this sample)"
+
+
+def _optimizer_lines(config, flow, tmp_path, callback):
+    """The lines of a fit that run inside the optimizer's step (torch.optim's code)."""
+    job = chaos.run_job(config, flow, tmp_path, at=-1, callback=callback, record="torch/optim/")
+    assert job.trigger is not None
+    assert job.trigger.recorded
+    return job.trigger.recorded
+
+
+@pytest.mark.slow
+def test_a_signal_inside_the_optimizer_step_writes_a_whole_step_where_stock_writes_a_torn_one(slurm_job, tmp_path):
+    """The stock control: the same SLURM flow without the callback writes its checkpoint inside ``optimizer.step()``
+    and resumes from it with different weights; with the callback the checkpoint waits for the step's end."""
+    flow = chaos.FLOWS["slurm"]
+    config = chaos.CONFIG
+    outcomes = {}
+    for callback in (True, False):
+        full = chaos.uninterrupted(config, flow, tmp_path / f"full-{callback}", callback=callback)
+        lines = _optimizer_lines(config, flow, tmp_path / f"probe-{callback}", callback)
+        at = lines[len(lines) * 3 // 4]  # in the second epoch
+        outcomes[callback] = chaos.deliver(config, flow, at, tmp_path / f"d-{callback}", full, callback=callback)
+        assert outcomes[callback].landed.startswith("optimizer step")
+    assert outcomes[True].exact, outcomes[True]
+    assert not outcomes[False].exact, outcomes[False]
+
+
+@pytest.mark.slow
+def test_a_requeued_slurm_job_of_two_ranks_signalled_at_different_moments_resumes_exactly(tmp_path):
+    """Each rank gets SLURM's signal at its own moment (timers): the ranks agree on one consistent point, rank 0
+    requeues once the file is complete, no rank hangs, and the requeued job continues every rank exactly."""
+    full_dir = tmp_path / "full"
+    assert chaos.slurm_step(full_dir, 0, None) == "done"
+    training = torch.load(full_dir / "rank0-0.pt", weights_only=False)["seconds"]
+    rng = random.Random(f"{SEED}-ddp")
+    moments = [rng.uniform(0, training * 0.4), rng.uniform(0, training * 0.4)]  # (steps are paced: in training)
+    outcome = chaos.deliver_ddp(tmp_path / "job", full_dir, moments)
+    assert outcome.exact, f"{outcome} (MIDEPOCH_CHAOS_SEED={SEED} repeats this sample)"
+    assert outcome.checkpoint is not None, "the signals came after training: the sample tested nothing"
+
+
+def test_a_trainer_that_is_never_signalled_keeps_the_handlers_lightning_registers(tmp_path):
+    """Between Lightning's registration and its teardown the deferral holds the signals; after fit the process's
+    own handlers are back, as stock Lightning leaves them."""
+    seen = {}
+
+    class Look(L.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            handler = signal.getsignal(signal.SIGTERM)
+            seen["during"] = type(getattr(handler, "__self__", None)).__name__
+
+    before = signal.getsignal(signal.SIGTERM)
+    model = chaos.Model(replace(chaos.CONFIG, max_epochs=1, validation=False))
+    trainer = L.Trainer(
+        max_epochs=1,
+        limit_val_batches=0,
+        callbacks=[MidEpochResume(), Look()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(model)
+    assert seen["during"] == "SignalDeferral"
+    assert signal.getsignal(signal.SIGTERM) == before

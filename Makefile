@@ -56,7 +56,7 @@ SUITE_PYTEST = cd $(LIGHTNING)/tests/tests_pytorch && MIDEPOCH_SUITE_ATTACH=$(1)
 	--junitxml=$(SUITE_RESULTS)/$(2).xml > $(SUITE_RESULTS)/$(2).log 2>&1; \
 	tail -n 1 $(SUITE_RESULTS)/$(2).log; test -s $(SUITE_RESULTS)/$(2).xml
 
-.PHONY: venv demo test test-workers fuzz lint compat strategies lightning-suite docs bench bench-gather mutation dist dist-check pythons compile-pythons floor clean
+.PHONY: venv demo test test-workers fuzz chaos lint compat strategies lightning-suite docs bench bench-gather mutation dist dist-check pythons compile-pythons floor clean
 
 $(STAMP): requirements/*.txt pyproject.toml src/lightning_midepoch/__about__.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -81,6 +81,20 @@ test: venv  ## every test, with branch coverage of src/ (at least 90%, enforced)
 
 test-workers: venv  ## the larger DataLoader-worker matrix of tests/test_workers.py (every worker count and moment)
 	$(BIN)/python -m pytest tests/test_workers.py -m workers_matrix $(XDIST) -q -p no:cacheprovider
+
+# `make chaos CHAOS_SEED=123` repeats a run. CHAOS_DELIVERIES signals in all with the callback (CHAOS_DDP of them to
+# 2-rank jobs, by timers), spread over the flows of tests/chaos.py, plus a stock control without it; about 25 minutes
+ifndef CHAOS_SEED
+CHAOS_SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
+CHAOS_DELIVERIES ?= 300
+CHAOS_DDP ?= 24
+CHAOS_OUT ?= chaos-output
+
+chaos: venv  ## pre-emption: signals delivered at CHAOS_DELIVERIES moments of fits, every resume compared (seed printed)
+	rm -rf $(CHAOS_OUT)
+	$(BIN)/python tests/chaos.py --deliveries $(CHAOS_DELIVERIES) --ddp $(CHAOS_DDP) --stock 16 --ddp-stock 4 \
+		--seed $(CHAOS_SEED) --out $(CHAOS_OUT)
 
 # `make fuzz FUZZ_SEED=123` repeats a run; `FUZZ_EXAMPLES=200` runs fewer examples
 ifndef FUZZ_SEED

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib
+import logging
 import os
 import random
 import signal
@@ -101,10 +102,11 @@ class Trigger:
         watch: Path | None,
         grace: int,
         callback: bool = True,
-        record: str | None = None,
+        record: tuple[str, ...] = (),
+        kill_line: int | None = None,
     ) -> None:
         self.callback = callback
-        self.record = record  # (probe) record the lines run in files whose path contains this
+        self.record = record  # record the lines run in files whose path contains one of these
         self.recorded: list[int] = []
         self.at, self.signum, self.job_dir, self.slurm, self.watch, self.grace = (
             at,
@@ -117,7 +119,7 @@ class Trigger:
         self.lines = 0
         self.handled: list[int] = []  # (probe) the first and the last line at which the signal had a handler
         self.landed: str | None = None  # where the signal was raised: "module:function"
-        self.kill_at: int | None = None
+        self.kill_at: int | None = kill_line  # the kill's line (else set once the flow's scheduler ends the job)
         self.sigterm_sent = False
 
     def __enter__(self) -> Trigger:
@@ -141,6 +143,8 @@ class Trigger:
         if event != "line":
             return self._local
         self.lines += 1
+        if self.record and any(part in frame.f_code.co_filename.replace(os.sep, "/") for part in self.record):
+            self.recorded.append(self.lines)
         if self.at < 0:  # the probe: where a delivery finds a handler (before Lightning's, the signal kills)
             if _deferred(signal.getsignal(self.signum)) or (
                 not self.callback and callable(signal.getsignal(self.signum))
@@ -149,8 +153,6 @@ class Trigger:
                     self.handled[1] = self.lines
                 else:
                     self.handled = [self.lines, self.lines]
-            if self.record is not None and self.record in frame.f_code.co_filename.replace(os.sep, "/"):
-                self.recorded.append(self.lines)
             return self._local
         if self.lines == self.at:
             self.landed = where(frame)
@@ -275,7 +277,9 @@ def run_job(
     ckpt_path: str | None = None,
     seed: int = 1,
     grace: int = 3000,
-    record: str | None = None,
+    record: tuple[str, ...] = (),
+    kill_line: int | None = None,
+    extra_callbacks: tuple[Any, ...] = (),
 ) -> Job:
     """One job of ``flow``: with ``at``, the signal lands at that line and the job is stopped as the flow stops it."""
     # each job is a process of its own: whatever handlers a killed job left behind are gone with it
@@ -285,7 +289,7 @@ def run_job(
         model = Model(config)
         if ckpt_path is not None:
             L.seed_everything(seed + 1000, verbose=False)
-        trainer = _trainer(config, flow, job_dir, callback, [_SaveCounter()])
+        trainer = _trainer(config, flow, job_dir, callback, [_SaveCounter(), *extra_callbacks])
         user_ckpt = job_dir / "preempted.ckpt"
         if flow.name == "user":
 
@@ -310,6 +314,7 @@ def run_job(
                         grace=grace,
                         callback=callback,
                         record=record,
+                        kill_line=kill_line,
                     )
                     with trigger:
                         trainer.fit(model, ckpt_path=ckpt_path)
@@ -355,7 +360,7 @@ def _resume_checkpoint(flow: Flow, job_dir: Path) -> tuple[str | None, Path | No
         if not files:
             return None, None
         return (None if flow.resume == "auto" else "hpc"), files[-1]
-    name = "on_exception.ckpt" if flow.name == "sigterm" else "preempted.ckpt"
+    name = "on_exception.ckpt" if flow.name.startswith("sigterm") else "preempted.ckpt"
     path = job_dir / name
     return (str(path), path) if path.exists() else (None, None)
 
@@ -412,7 +417,14 @@ def _free_port() -> int:
 
 
 def slurm_step(
-    job_dir: Path, attempt: int, signal_after: list[float] | None, *, stock: bool = False, timeout: float = 240
+    job_dir: Path,
+    attempt: int,
+    signal_after: list[float | None] | None,
+    *,
+    stock: bool = False,
+    timeout: float = 240,
+    flow: str = "slurm",
+    resume: Path | None = None,
 ) -> str:
     """Run one attempt of a 2-task SLURM job step (``tests/slurm_job.py`` per task): "done" or "hang"."""
     import subprocess
@@ -441,8 +453,9 @@ def slurm_step(
             str(attempt),
         ]
         command += ["--config", _config_json(DDP_CONFIG)]
-        if signal_after is not None:
+        if signal_after is not None and signal_after[rank] is not None:
             command += ["--signal-after", str(signal_after[rank])]
+        command += ["--flow", flow, *(["--resume", str(resume)] if resume is not None else [])]
         if stock:
             command.append("--stock")
         log = open(job_dir / f"rank{rank}-{attempt}.log", "w")  # noqa: SIM115 - closed with the process
@@ -474,12 +487,21 @@ def _config_json(config: Config) -> str:
     return json.dumps(changed)
 
 
-def deliver_ddp(job_dir: Path, full_dir: Path, signal_after: list[float], *, stock: bool = False) -> Outcome:
-    """Signal each rank of a 2-rank SLURM job at its own moment; requeue; resume; compare every rank with ``full``."""
-    label = f"ddp after {signal_after[0]:.2f}/{signal_after[1]:.2f} s"
-    if slurm_step(job_dir, 0, signal_after, stock=stock) == "hang":
+def deliver_ddp(
+    job_dir: Path, full_dir: Path, signal_after: list[float | None], *, stock: bool = False, flow_name: str = "slurm"
+) -> Outcome:
+    """Signal ranks of a 2-rank job at their own moments (None: not that rank); the flow stops it; resume; compare
+    every rank with the uninterrupted job in ``full_dir``.
+
+    ``slurm``: SLURM's signal, requeue, SIGTERM, kill; the requeued job finds the hpc checkpoint itself. ``sigterm``:
+    Lightning's SIGTERM handling with ``OnExceptionCheckpoint``; the next job passes its file as ``ckpt_path``.
+    """
+    moments = "/".join("-" if moment is None else f"{moment:.2f}" for moment in signal_after)
+    label = f"2 ranks, by timers: after {moments} s"
+    timeout = 60 if stock else 240  # (stock Lightning hangs here: no need to wait long to see it)
+    if slurm_step(job_dir, 0, signal_after, stock=stock, flow=flow_name, timeout=timeout) == "hang":
         return Outcome("ddp", 0, label, None, False, "the signalled job hung")
-    flow = Flow("slurm-ddp", signal.SIGUSR1, "auto")
+    flow = Flow(f"{flow_name}-ddp", signal.SIGUSR1 if flow_name == "slurm" else signal.SIGTERM, "auto")
     _, source = _resume_checkpoint(flow, job_dir)
     if source is None:
         firsts = [torch.load(job_dir / f"rank{rank}-0.pt", weights_only=False) for rank in range(2)]
@@ -492,7 +514,8 @@ def deliver_ddp(job_dir: Path, full_dir: Path, signal_after: list[float], *, sto
         )
         return Outcome("ddp", 0, label, None, same, "" if same else "signalled after training, yet the run differs")
     trained = int(torch.load(source, weights_only=False, map_location="cpu")["chaos_trained"])
-    if slurm_step(job_dir, 1, None, stock=stock) == "hang":
+    resume = source if flow_name == "sigterm" else None
+    if slurm_step(job_dir, 1, None, stock=stock, flow=flow_name, resume=resume, timeout=timeout) == "hang":
         return Outcome("ddp", 0, label, source.name, False, "the requeued job hung")
     for rank in range(2):
         full = torch.load(full_dir / f"rank{rank}-0.pt", weights_only=False)
@@ -517,6 +540,8 @@ def main() -> None:
     parser.add_argument("--ddp-stock", type=int, default=0, help="2-rank SLURM jobs without the callback")
     parser.add_argument("--out", default="chaos-output")
     args = parser.parse_args()
+    for name in ("lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)  # one line per delivery, not Lightning's notes
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     print(f"chaos seed: {seed} (python tests/chaos.py --seed {seed} ... repeats these deliveries)", flush=True)
     rng = random.Random(seed)
@@ -552,9 +577,12 @@ def main() -> None:
         training = torch.load(full_dir / "rank0-0.pt", weights_only=False)["seconds"]
         for index in range(args.ddp + args.ddp_stock):
             stock = index >= args.ddp
-            moments = [rng.uniform(0, training * 0.8), rng.uniform(0, training * 0.8)]
-            outcome = deliver_ddp(out / f"ddp{index}", full_dir, moments, stock=stock)
-            label = f"slurm ddp{' STOCK' if stock else ''}"
+            flow_name = ("slurm", "sigterm")[index % 2]
+            moments: list[float | None] = [rng.uniform(0, training * 0.8), rng.uniform(0, training * 0.8)]
+            if flow_name == "sigterm" and index % 4 == 1:
+                moments[rng.randrange(2)] = None  # SIGTERM to one rank only
+            outcome = deliver_ddp(out / f"ddp{index}", full_dir, moments, stock=stock, flow_name=flow_name)
+            label = f"{flow_name} ddp{' STOCK' if stock else ''}"
             outcomes.append((label, outcome))
             print(
                 f"[ddp {index + 1}/{args.ddp + args.ddp_stock}] {label} {outcome.landed}: resumed from"

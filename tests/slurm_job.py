@@ -5,7 +5,9 @@ harness model with ``SLURMEnvironment(auto_requeue=True)`` and writes ``JOB_DIR/
 rank trained, its final parameters, how its fit ended). With ``--signal-after``, a thread plays the scheduler for this
 task: SIGUSR1 after that many seconds (each rank its own moment), then, once the requeue ran (the fake ``scontrol``
 wrote ``JOB_DIR/requeued``), SIGTERM, and SIGKILL ``--kill-wait`` seconds later. A requeued attempt calls ``fit``
-with no ``ckpt_path``: Lightning restores the newest ``hpc_ckpt_N.ckpt`` of ``JOB_DIR`` itself. The SLURM variables
+with no ``ckpt_path``: Lightning restores the newest ``hpc_ckpt_N.ckpt`` of ``JOB_DIR`` itself. ``--flow sigterm``:
+no auto-requeue, SIGTERM instead, ``OnExceptionCheckpoint`` writes ``JOB_DIR/on_exception.ckpt`` and the next
+attempt passes it as ``--resume``. The SLURM variables
 (``SLURM_PROCID`` and the rest) come from the launching test, as ``srun`` sets them. The signal's moment is
 counted from ``on_train_start``.
 """
@@ -29,7 +31,7 @@ import numpy as np
 import torch
 
 from chaos import SLURMEnvironment, _SaveCounter
-from harness import Config, L, Model
+from harness import Config, L, Model, OnExceptionCheckpoint
 from lightning_midepoch import MidEpochResume, _preemption
 
 # this job trains for well under a second: the ranks compare their signals every few steps, not once a second
@@ -56,11 +58,13 @@ class Paced(L.Callback):
         self.ended = time.monotonic()
 
 
-def scheduler(job_dir: Path, signal_after: float, kill_wait: float) -> None:
+def scheduler(job_dir: Path, signal_after: float, kill_wait: float, signum: int) -> None:
     TRAINING.wait()
     time.sleep(signal_after)
     SIGNALLED.append(time.monotonic())
-    os.kill(os.getpid(), signal.SIGUSR1)
+    os.kill(os.getpid(), signum)
+    if signum == signal.SIGTERM:
+        return  # Lightning ends the job itself (its SIGTERM exception)
     while not (job_dir / "requeued").exists():
         time.sleep(0.05)
     os.kill(os.getpid(), signal.SIGTERM)  # scontrol requeue: SLURM ends every task of the job ...
@@ -76,6 +80,8 @@ def main() -> None:
     parser.add_argument("--kill-wait", type=float, default=5.0)
     parser.add_argument("--stock", action="store_true")
     parser.add_argument("--config", default="{}")
+    parser.add_argument("--flow", default="slurm", choices=["slurm", "sigterm"], help="sigterm: OnExceptionCheckpoint")
+    parser.add_argument("--resume", help="ckpt_path (the slurm flow's requeued job passes none)")
     args = parser.parse_args()
     job_dir = Path(args.job_dir)
     rank = int(os.environ["SLURM_PROCID"])
@@ -87,27 +93,31 @@ def main() -> None:
     paced = Paced()
     # (paced first: the training's end is timed before the callback's last consistent point)
     callbacks = [paced, *([] if args.stock else [MidEpochResume()]), _SaveCounter()]
+    if args.flow == "sigterm":
+        callbacks.append(OnExceptionCheckpoint(dirpath=job_dir))
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,
         strategy="ddp",
-        plugins=[SLURMEnvironment(auto_requeue=True)],
+        plugins=[SLURMEnvironment(auto_requeue=args.flow == "slurm")],
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        enable_checkpointing=False,
+        enable_checkpointing=args.flow == "sigterm",
         num_sanity_val_steps=0,
         callbacks=callbacks,
         default_root_dir=job_dir,
         **config.trainer_kwargs(),
     )
     if args.signal_after is not None:
-        threading.Thread(target=scheduler, args=(job_dir, args.signal_after, args.kill_wait), daemon=True).start()
+        signum = signal.SIGUSR1 if args.flow == "slurm" else signal.SIGTERM
+        schedule = (job_dir, args.signal_after, args.kill_wait, signum)
+        threading.Thread(target=scheduler, args=schedule, daemon=True).start()
     ended = "finished"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            trainer.fit(model)
+            trainer.fit(model, ckpt_path=args.resume)
         except SystemExit:  # Lightning's SIGTERMException
             ended = "sigterm"
     params = {name: value.detach().clone() for name, value in model.state_dict().items()}

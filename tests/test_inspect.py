@@ -628,14 +628,16 @@ def test_sharded_checkpoint_directory_is_read_from_its_metadata_file(ckpts, tmp_
 def test_text_file(tmp_path, capsys):
     path = tmp_path / "notes.txt"
     path.write_text("hello\n")
-    assert_one_line_error(*cli(capsys, path), "cannot read")
+    assert_one_line_error(*cli(capsys, path), "is corrupted or not written by torch.save")
 
 
-def test_truncated_checkpoint(ckpts, tmp_path, capsys):
+@pytest.mark.parametrize(("keep", "expected"), [(0.5, "a zip archive without its end"), (0.0, "an empty file")])
+def test_truncated_checkpoint(keep, expected, ckpts, tmp_path, capsys):
+    """A file cut short while being written (a killed job) is named as truncated, with what to do."""
     data = ckpts["exact"].read_bytes()
     path = tmp_path / "truncated.ckpt"
-    path.write_bytes(data[: len(data) // 2])
-    assert_one_line_error(*cli(capsys, path), "is truncated, corrupted or not written by torch.save")
+    path.write_bytes(data[: int(len(data) * keep)])
+    assert_one_line_error(*cli(capsys, path), f"it is TRUNCATED ({expected}")
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import torch
 import chaos
 from harness import L
 from lightning_midepoch import MidEpochResume
+from lightning_midepoch._inspect import InspectError, load_checkpoint
 from lightning_midepoch._preemption import SignalDeferral, candidate_signals, temporary_files_in
 
 #: the seed of this run's sample of deliveries (``MIDEPOCH_CHAOS_SEED=S make test`` repeats one)
@@ -162,7 +163,7 @@ def test_a_signal_anywhere_in_fit_resumes_exactly(flow, num_workers, slurm_job, 
 
 def _optimizer_lines(config, flow, tmp_path, callback):
     """The lines of a fit that run inside the optimizer's step (torch.optim's code)."""
-    job = chaos.run_job(config, flow, tmp_path, at=-1, callback=callback, record="torch/optim/")
+    job = chaos.run_job(config, flow, tmp_path, at=-1, callback=callback, record=("torch/optim/",))
     assert job.trigger is not None
     assert job.trigger.recorded
     return job.trigger.recorded
@@ -185,6 +186,75 @@ def test_a_signal_inside_the_optimizer_step_writes_a_whole_step_where_stock_writ
     assert not outcomes[False].exact, outcomes[False]
 
 
+def _newest_hpc_state(job_dir) -> str:
+    """What the requeued job would find: "none", "whole" (it loads) or "truncated" (as ``inspect`` says)."""
+    files = sorted(job_dir.glob("hpc_ckpt_*.ckpt"), key=lambda path: int(path.stem.rsplit("_", 1)[1]))
+    if not files:
+        return "none"
+    try:
+        load_checkpoint(str(files[-1]))
+    except InspectError as error:
+        return "truncated" if "TRUNCATED" in str(error) else f"unreadable: {error}"
+    return "whole"
+
+
+#: the files that write a checkpoint into place (fsspec's local transaction, shutil's move), and how many kills are
+#: spread over their lines
+WRITE = ("fsspec/implementations/local.py", "/shutil.py")
+KILLS = 12
+
+
+class _SignalAt(L.Callback):
+    """Raises a signal at the end of one training batch (the handler runs there, traced, not inside a trace hook)."""
+
+    def __init__(self, signum: int, batch: int) -> None:
+        self.signum, self.batch = signum, batch
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.batch:
+            signal.raise_signal(self.signum)
+
+
+@pytest.mark.slow
+def test_a_kill_while_the_hpc_checkpoint_is_written_never_leaves_a_truncated_newest_file(slurm_job, tmp_path):
+    """With the temporary directory on another filesystem (TMPDIR=/dev/shm), fsspec moves the written checkpoint into
+    place by copying it: stock Lightning, killed in that copy, leaves a truncated ``hpc_ckpt_N.ckpt`` that the
+    requeued job would pick. The callback's handler writes beside the checkpoint: a kill at any line of the write
+    leaves the newest file whole (or none)."""
+    other = "/dev/shm"
+    assert os.stat(other).st_dev != os.stat(tmp_path).st_dev, f"{other} must be another filesystem than {tmp_path}"
+    flow, config = chaos.FLOWS["slurm"], chaos.CONFIG
+    never = 10**12  # the trigger only counts lines, records those of shutil and kills; _SignalAt signals
+    found = {}
+    for callback in (True, False):
+        signal_at = (_SignalAt(signal.SIGUSR1, 7),)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(tempfile, "tempdir", other)
+            probe = chaos.run_job(
+                config,
+                flow,
+                tmp_path / f"probe-{callback}",
+                callback=callback,
+                at=never,
+                record=WRITE,
+                extra_callbacks=signal_at,
+            )
+            assert probe.trigger is not None
+            writes = probe.trigger.recorded
+            assert writes, "the checkpoint's write ran no line of fsspec or shutil"
+            states = []
+            for index in range(KILLS):
+                kill = writes[index * (len(writes) - 1) // (KILLS - 1)]
+                job_dir = tmp_path / f"kill-{callback}-{index}"
+                chaos.run_job(
+                    config, flow, job_dir, callback=callback, at=never, kill_line=kill, extra_callbacks=signal_at
+                )
+                states.append(_newest_hpc_state(job_dir))
+        found[callback] = states
+    assert "truncated" not in found[True], found
+    assert "truncated" in found[False], found  # the stock control: the harness does reach the copy
+
+
 @pytest.mark.slow
 def test_a_requeued_slurm_job_of_two_ranks_signalled_at_different_moments_resumes_exactly(tmp_path):
     """Each rank gets SLURM's signal at its own moment (timers): the ranks agree on one consistent point, rank 0
@@ -197,6 +267,20 @@ def test_a_requeued_slurm_job_of_two_ranks_signalled_at_different_moments_resume
     outcome = chaos.deliver_ddp(tmp_path / "job", full_dir, moments)
     assert outcome.exact, f"{outcome} (MIDEPOCH_CHAOS_SEED={SEED} repeats this sample)"
     assert outcome.checkpoint is not None, "the signals came after training: the sample tested nothing"
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_rank_of_two_stops_every_rank_at_one_point_and_resumes_exactly(tmp_path):
+    """SIGTERM to rank 1 only (Lightning's notifier broadcasts from inside its handler; stock Lightning hangs here):
+    every rank serves it at one agreed point, raises Lightning's SIGTERM exception there, and the
+    ``OnExceptionCheckpoint`` file holds every rank's states, so the next job continues every rank exactly."""
+    full_dir = tmp_path / "full"
+    assert chaos.slurm_step(full_dir, 0, None) == "done"
+    training = torch.load(full_dir / "rank0-0.pt", weights_only=False)["seconds"]
+    moment = random.Random(f"{SEED}-sigterm").uniform(0, training * 0.4)
+    outcome = chaos.deliver_ddp(tmp_path / "job", full_dir, [None, moment], flow_name="sigterm")
+    assert outcome.exact, f"{outcome} (MIDEPOCH_CHAOS_SEED={SEED} repeats this sample)"
+    assert outcome.checkpoint == "on_exception.ckpt"
 
 
 def test_a_trainer_that_is_never_signalled_keeps_the_handlers_lightning_registers(tmp_path):

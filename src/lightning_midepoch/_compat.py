@@ -633,6 +633,12 @@ def validation_follows(trainer: Trainer, fetcher: Any) -> bool:
     return bool(trainer.fit_loop.epoch_loop._should_check_val_fx(fetcher))
 
 
+def sigterm_exception(trainer: Trainer) -> type[BaseException]:
+    """Lightning's ``SIGTERMException``, which its loops raise at a boundary once the SIGTERM notifier ran."""
+    exceptions = importlib.import_module(f"{_pytorch_module(trainer)}.utilities.exceptions")
+    return exceptions.SIGTERMException  # type: ignore[no-any-return]
+
+
 def interrupted(trainer: Trainer) -> bool:
     """Whether the trainer is handling an exception (Lightning sets its status before calling ``on_exception``)."""
     return str(getattr(trainer.state.status, "value", trainer.state.status)) == "interrupted"

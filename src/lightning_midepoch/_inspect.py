@@ -27,8 +27,10 @@ import importlib
 import importlib.util
 import io
 import json
+import os
 import pickle
 import warnings
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeGuard
@@ -772,10 +774,46 @@ def _load(path: str, trust: bool, load: Callable[..., Any]) -> Any:
 
 
 def _unreadable(path: str, error: BaseException) -> InspectError:
+    truncation = _truncation(path)
+    if truncation is not None:
+        return InspectError(
+            f"cannot read {path} as a checkpoint: it is TRUNCATED ({truncation}). A process was stopped while writing"
+            " or copying it: resume from the checkpoint before it (with SLURM, move this file aside; the requeued job"
+            " then restores the newest whole hpc checkpoint)."
+        )
     return InspectError(
-        f"cannot read {path} as a checkpoint: it is truncated, corrupted or not written by torch.save"
-        f" ({one_line(error)})"
+        f"cannot read {path} as a checkpoint: it is corrupted or not written by torch.save ({one_line(error)})"
     )
+
+
+def _truncation(path: str) -> str | None:
+    """How a local file that ``torch.save`` began reads as cut short: empty, or a zip archive without its end.
+
+    ``torch.save`` writes a zip archive, whose directory comes last: a file that begins as one but lacks that end
+    was cut short. (Files elsewhere than on a local disk are not examined.)
+
+    Example:
+        >>> import os, tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> whole, cut = os.path.join(folder, "whole.ckpt"), os.path.join(folder, "cut.ckpt")
+        >>> import torch
+        >>> torch.save({"a": torch.zeros(1000)}, whole)
+        >>> with open(whole, "rb") as source, open(cut, "wb") as target:
+        ...     _ = target.write(source.read()[:2000])
+        >>> _truncation(whole) is None, _truncation(cut)
+        (True, 'a zip archive without its end: 2,000 bytes')
+
+    """
+    if not os.path.isfile(path):
+        return None
+    size = os.path.getsize(path)
+    if size == 0:
+        return "an empty file"
+    with open(path, "rb") as file:
+        begins_as_zip = file.read(4) == b"PK\x03\x04"
+    if begins_as_zip and not zipfile.is_zipfile(path):
+        return f"a zip archive without its end: {size:,} bytes"
+    return None
 
 
 def load_checkpoint(path: str, trust: bool = False) -> dict[str, Any]:

@@ -92,6 +92,7 @@ class SignalDeferral:
         self.held: list[int] = []  # agreed on and held back at the last point: served at the next
         self.serving: int | None = None  # the signal whose handler runs now
         self.received = 0  # every delivery noted (a repeat while its own handler runs included)
+        self.served_together: set[int] = set()  # served at a point every rank agreed on
 
     @property
     def installed(self) -> bool:
@@ -157,6 +158,8 @@ class SignalDeferral:
                 if signum in waiting or handler is None:
                     continue
                 self.serving, served = signum, True
+                if agree is not None:
+                    self.served_together.add(signum)
                 try:
                     handler(signum, None)
                 finally:

@@ -156,9 +156,16 @@ class Saver:
         """The callback's checkpoint state (see :mod:`lightning_midepoch._state` for the layout)."""
         return self.snapshot().state_dict()
 
-    def snapshot(self) -> Snapshot:
-        """The state to save now: as of the moment the training loop stopped early, if it did; otherwise now."""
-        return self.stopped if self.stopped is not None else self._snapshot_now(stopped=False)
+    def snapshot(self, ranks_together: bool = False) -> Snapshot:
+        """The state to save now: as of the moment the training loop stopped early, if it did; otherwise now.
+
+        ``ranks_together``: while handling an exception, every rank is known to handle the same one at the same point
+        (Lightning's SIGTERM exception, after every rank served SIGTERM at one agreed point): the checkpoint written
+        then gathers every rank's states, as any other does.
+        """
+        if self.stopped is not None:
+            return self.stopped
+        return self._snapshot_now(stopped=False, ranks_together=ranks_together)
 
     def epoch_loop_ended(self) -> None:
         """Called when the epoch's training loop has returned, before the epoch's end hooks.
@@ -173,7 +180,7 @@ class Saver:
         if finished_batches and not _compat.all_batches_reached(epoch_loop):
             self.stopped = self._snapshot_now(stopped=True)
 
-    def _snapshot_now(self, stopped: bool) -> Snapshot:
+    def _snapshot_now(self, stopped: bool, ranks_together: bool = False) -> Snapshot:
         trainer, session = self.session.trainer, self.session
         passes: list[dict[str, Any] | None] = [
             recorder.record.state_dict()
@@ -221,7 +228,8 @@ class Saver:
             else None,
             S.KEY_LOADERS: [S.loader_facts(loader) for loader in self.session.loaders],
         }
-        return Snapshot(facts, rank_state, trainer.global_rank, trainer.world_size, _compat.interrupted(trainer))
+        own_only = _compat.interrupted(trainer) and not ranks_together
+        return Snapshot(facts, rank_state, trainer.global_rank, trainer.world_size, own_only)
 
     def _worker_positions(self) -> dict[int, int]:
         """Per loader with workers: the batches of its current pass a resumed run does not fetch again."""

@@ -177,18 +177,24 @@ class MidEpochResume(_CallbackBase):
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         # Lightning runs no teardown hook after an exception: give everything back here (the ranks may not all be
-        # here: no signal is served)
-        self._finish()
+        # here: no signal is served). Lightning's SIGTERM exception after every rank served SIGTERM at one point:
+        # every rank is here, and a checkpoint written now (OnExceptionCheckpoint) can hold every rank's states
+        together = (
+            self._deferral is not None
+            and signal.SIGTERM in self._deferral.served_together
+            and isinstance(exception, _compat.sigterm_exception(trainer))
+        )
+        self._finish(ranks_together=together)
 
     @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._finish()
 
-    def _finish(self) -> None:
+    def _finish(self, ranks_together: bool = False) -> None:
         """Keep where the fit stopped, for a checkpoint written after it, and give the trainer its stock loops back."""
         self._deferral = self._agree = None  # (the session gives the trainer its signal connector back)
         if self._session is not None:
-            self._final = self._session.saver.snapshot()
+            self._final = self._session.saver.snapshot(ranks_together)
             self._session.uninstall()
             self._session = None
 

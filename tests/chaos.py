@@ -529,6 +529,18 @@ def deliver_ddp(
     return Outcome("ddp", 0, label, source.name, True)
 
 
+def fresh_job_signals() -> None:
+    """The default actions for the job's signals, as a job's process starts with (``nohup`` ignores SIGHUP, and
+    Lightning installs no SLURM handler for a signal that already has one)."""
+    for signum in JOB_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+
+
+def _thread_note(args: threading.ExceptHookArgs) -> None:
+    # a killed job's DataLoader workers drop the connections of the main process's file-descriptor sharing thread
+    print(f"(a thread of the killed job: {args.exc_type.__name__}: {args.exc_value})", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--deliveries", type=int, default=300, help="in all, spread over the flows")
@@ -542,6 +554,8 @@ def main() -> None:
     args = parser.parse_args()
     for name in ("lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging.WARNING)  # one line per delivery, not Lightning's notes
+    fresh_job_signals()
+    threading.excepthook = _thread_note
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     print(f"chaos seed: {seed} (python tests/chaos.py --seed {seed} ... repeats these deliveries)", flush=True)
     rng = random.Random(seed)

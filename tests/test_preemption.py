@@ -123,11 +123,16 @@ def test_handlers_served_write_their_temporary_files_beside_the_checkpoints(tmp_
 # ------------------------------------------------------------------------------------------- Trainer level
 @pytest.fixture
 def slurm_job(tmp_path, monkeypatch):
-    """A one-task SLURM job's environment, with a fake ``scontrol`` on the PATH."""
+    """A one-task SLURM job's environment, with a fake ``scontrol`` on the PATH and the job's signals at their
+    default actions, as a job's process starts (``nohup`` would have SIGHUP ignored)."""
     for name, value in chaos.SLURM_ENV.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("PATH", f"{chaos.fake_scontrol(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}")
-    return tmp_path
+    previous = {signum: signal.getsignal(signum) for signum in chaos.JOB_SIGNALS}
+    chaos.fresh_job_signals()
+    yield tmp_path
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
 
 
 _WINDOWS: dict[tuple[str, int, bool], tuple[int, int]] = {}

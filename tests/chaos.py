@@ -124,12 +124,13 @@ class Trigger:
 
     def __enter__(self) -> Trigger:
         self.forked = False
+        self.previous = sys.gettrace()  # coverage's tracer under `make test`: set back after the fit
         _ACTIVE.append(self)
         sys.settrace(self._global)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        sys.settrace(None)
+        sys.settrace(self.previous)
         _ACTIVE.remove(self)
 
     def _global(self, frame: FrameType, event: str, arg: Any) -> Any:
@@ -180,9 +181,11 @@ _ACTIVE: list[Trigger] = []
 
 
 def _forked_child() -> None:
-    sys.settrace(None)
+    # a DataLoader worker forked during a traced fit: it neither counts nor stops; the tracer the process had before
+    # (coverage's, under `make test`) goes on in it
     for trigger in _ACTIVE:
         trigger.forked = True
+        sys.settrace(trigger.previous)
 
 
 os.register_at_fork(after_in_child=_forked_child)

@@ -260,6 +260,48 @@ def test_a_kill_while_the_hpc_checkpoint_is_written_never_leaves_a_truncated_new
     assert "truncated" in found[False], found  # the stock control: the harness does reach the copy
 
 
+class _SignalAgainWhileSaving(L.Callback):
+    """Sends the signal again while a checkpoint is being written (from within the save's callback states)."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum, self.saves = signum, 0
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        self.saves += 1
+        if self.saves == 1:
+            signal.raise_signal(self.signum)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("callback", [True, False], ids=["callback", "stock"])
+def test_a_second_signal_while_the_checkpoint_is_written(callback, slurm_job, tmp_path, monkeypatch):
+    """SLURM's signal again while its checkpoint is being written: with the callback the repeat asks for what is
+    under way, one whole checkpoint is written, one requeue runs, and the requeued job resumes exactly; stock
+    Lightning runs its handler again inside the first save."""
+    flow, config = chaos.FLOWS["slurm"], chaos.CONFIG
+    full = chaos.uninterrupted(config, flow, tmp_path / "full", callback=callback)
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    monkeypatch.setenv("CHAOS_JOB_DIR", str(job_dir))  # where the fake scontrol notes the requeue
+    again = _SignalAgainWhileSaving(signal.SIGUSR1)
+    first = chaos.run_job(
+        config, flow, job_dir, callback=callback, extra_callbacks=(_SignalAt(signal.SIGUSR1, 7), again)
+    )
+    written = sorted(path.name for path in job_dir.glob("hpc_ckpt_*.ckpt"))
+    if not callback:
+        assert again.saves >= 2, "stock Lightning saved once: the harness did not reach the second signal"
+        return
+    assert written == ["hpc_ckpt_1.ckpt"]
+    assert again.saves == 1
+    assert (job_dir / "requeued").exists()
+    trained = torch.load(job_dir / "hpc_ckpt_1.ckpt", weights_only=False)["chaos_trained"]
+    second = chaos.run_job(config, flow, job_dir, seed=2)
+    assert first.result is not None
+    assert second.result is not None
+    assert first.result.model.seen[:trained] + second.result.model.seen == full.model.seen
+    chaos.assert_same_state(full, second.result)
+
+
 @pytest.mark.slow
 def test_a_requeued_slurm_job_of_two_ranks_signalled_at_different_moments_resumes_exactly(tmp_path):
     """Each rank gets SLURM's signal at its own moment (timers): the ranks agree on one consistent point, rank 0

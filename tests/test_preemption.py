@@ -10,6 +10,8 @@ import os
 import random
 import signal
 import tempfile
+import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -19,7 +21,7 @@ import chaos
 from harness import L
 from lightning_midepoch import MidEpochResume
 from lightning_midepoch._inspect import InspectError, load_checkpoint
-from lightning_midepoch._preemption import SignalDeferral, candidate_signals, temporary_files_in
+from lightning_midepoch._preemption import Agreement, SignalDeferral, candidate_signals, temporary_files_in
 
 #: the seed of this run's sample of deliveries (``MIDEPOCH_CHAOS_SEED=S make test`` repeats one)
 SEED = int(os.environ.get("MIDEPOCH_CHAOS_SEED", random.SystemRandom().randrange(2**31)))
@@ -102,6 +104,55 @@ def test_the_ranks_agreement_decides_what_is_served(usr2):
     assert deferral.serve(agree=lambda pending: [*pending, int(signal.SIGUSR2)]) is True
     assert usr2 == [signal.SIGUSR2]
     deferral.uninstall()
+
+
+@pytest.fixture
+def one_rank_group():
+    """A process group of one rank (gloo): the ranks' agreement runs its collective for real."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_the_ranks_compare_at_an_interval_they_agree_on_and_at_the_end(one_rank_group, monkeypatch):
+    clock = iter(float(second) for second in range(100))
+    monkeypatch.setattr(time, "monotonic", lambda: next(clock))  # each read: one second later
+    agreement = Agreement((signal.SIGUSR1, signal.SIGTERM), torch.device("cpu"), period=4.0)
+    # the first point compares and has measured nothing: the next compares too, and sizes the interval
+    assert agreement([int(signal.SIGTERM)]) == [signal.SIGTERM]
+    assert (agreement.comparisons, agreement.interval) == (1, 1)
+    assert agreement([]) == []
+    assert agreement.comparisons == 2
+    compared_at = agreement.interval
+    assert compared_at > 1  # points a second apart, a 4 s period
+    assert [agreement([int(signal.SIGUSR1)]) for _ in range(compared_at - 1)] == [[]] * (compared_at - 1)
+    assert agreement([int(signal.SIGUSR1)]) == [signal.SIGUSR1]  # the interval's last point compares
+    agreement.compare_next()  # the end of training
+    assert agreement([int(signal.SIGTERM)]) == [signal.SIGTERM]
+
+
+def test_a_deferral_installs_only_in_the_main_thread(usr2):
+    deferral = SignalDeferral((signal.SIGUSR2,))
+    worker = threading.Thread(target=deferral.install)
+    worker.start()
+    worker.join()
+    assert not deferral.installed
+
+
+def test_uninstall_drops_what_is_pending(usr2):
+    deferral = SignalDeferral((signal.SIGUSR2,))
+    deferral.install()
+    signal.raise_signal(signal.SIGUSR2)
+    deferral.uninstall()
+    assert usr2 == []
+    assert deferral.pending == []
 
 
 def test_candidate_signals_add_a_custom_requeue_signal_once():

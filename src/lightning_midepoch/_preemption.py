@@ -6,7 +6,8 @@ auto-requeue handler does, and so do the handlers users write for Kubernetes' ``
 notices) can write a torn state, and under DDP ranks that enter the save at different points wait for each other
 forever. :class:`SignalDeferral` takes the place of the handlers of the signals that ask for a checkpoint: it only
 notes the signal, and the callback serves it (calls the handler that was there) at the next consistent point: the
-end of a training batch, of a validation run, of an epoch, or of training. It takes their
+end of a training batch, of a validation run, of an epoch, or of training (a signal received after that is dropped:
+the job has finished its training). It takes their
 place right after Lightning registers its own (:class:`_DeferringSignalConnector`), and gives them back before
 Lightning restores the process's. Under DDP every rank serves the same signals at the same point: the ranks compare
 notes at an agreed consistent point about once a second (:class:`Agreement`).
@@ -108,13 +109,8 @@ class SignalDeferral:
                 self.handlers[signum] = handler  # type: ignore[assignment]
                 signal.signal(signum, self._note)
 
-    def uninstall(self, serve: bool = False, directory: str | None = None) -> None:
-        """Give each signal its handler back (where nobody replaced ours since).
-
-        What is pending is served first if ``serve``, and otherwise dropped.
-        """
-        if serve:
-            self.serve(directory=directory)
+    def uninstall(self) -> None:
+        """Give each signal its handler back (where nobody replaced ours since); what is pending is dropped."""
         for signum, handler in self.handlers.items():
             if signal.getsignal(signum) == self._note:
                 signal.signal(signum, handler)
@@ -225,10 +221,10 @@ class _DeferringSignalConnector:
         self._midepoch_deferral.install()
 
     def teardown(self) -> None:
-        # training is over, which is consistent: one process serves what is pending (under DDP the ranks may no
-        # longer be able to agree, and nothing is lost: the job has finished its training)
-        trainer = self.trainer  # type: ignore[attr-defined]
-        self._midepoch_deferral.uninstall(serve=trainer.world_size == 1, directory=str(trainer.default_root_dir))
+        # training is over (its last point served what came before): a signal received since is dropped, as the job
+        # has finished its training (a checkpoint written now, after Lightning tore the loops down, would wait for
+        # the reports of DataLoader workers that are gone)
+        self._midepoch_deferral.uninstall()
         super().teardown()  # type: ignore[misc]
 
 

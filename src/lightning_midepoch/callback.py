@@ -149,7 +149,7 @@ class MidEpochResume(_CallbackBase):
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # the last point: every signal received in training is served (under DDP later ones are dropped: all is done)
+        # the last point: every signal received in training is served (later ones are dropped: all is done)
         if isinstance(self._agree, Agreement):
             self._agree.compare_next()
         self._serve_signals(trainer)

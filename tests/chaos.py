@@ -124,6 +124,7 @@ class Trigger:
 
     def __enter__(self) -> Trigger:
         self.forked = False
+        self.pid = os.getpid()
         self.previous = sys.gettrace()  # coverage's tracer under `make test`: set back after the fit
         _ACTIVE.append(self)
         sys.settrace(self._global)
@@ -155,6 +156,11 @@ class Trigger:
                 else:
                     self.handled = [self.lines, self.lines]
             return self._local
+        acts = self.lines == self.at or (self.lines > self.at and self.lines % 64 == 0)
+        acts = acts or (self.kill_at is not None and self.lines >= self.kill_at)
+        if acts and os.getpid() != self.pid:  # a child forked before its at-fork hook ran: never acts
+            self.forked = True
+            return None
         if self.lines == self.at:
             self.landed = where(frame)
             signal.raise_signal(self.signum)
@@ -583,11 +589,7 @@ def main() -> None:
         outcome = deliver(config, flow, at, out / f"d{index}", full, callback=callback)
         label = f"{flow.name} nw={workers}{'' if callback else ' STOCK'}"
         outcomes.append((label, outcome))
-        print(
-            f"[{index + 1}/{len(plan)}] {label} line {at}: landed in {outcome.landed};"
-            f" resumed from {outcome.checkpoint}: {'exact' if outcome.exact else 'INEXACT ' + outcome.why}",
-            flush=True,
-        )
+        _report(f"[{index + 1}/{len(plan)}] {label} line {at}: landed in {outcome.landed}", outcome)
     if args.ddp or args.ddp_stock:
         full_dir = out / "ddp-full"
         assert slurm_step(full_dir, 0, None) == "done", "the uninterrupted DDP job hung"
@@ -601,14 +603,15 @@ def main() -> None:
             outcome = deliver_ddp(out / f"ddp{index}", full_dir, moments, stock=stock, flow_name=flow_name)
             label = f"{flow_name} ddp{' STOCK' if stock else ''}"
             outcomes.append((label, outcome))
-            print(
-                f"[ddp {index + 1}/{args.ddp + args.ddp_stock}] {label} {outcome.landed}: resumed from"
-                f" {outcome.checkpoint}: {'exact' if outcome.exact else 'INEXACT ' + outcome.why}",
-                flush=True,
-            )
+            _report(f"[ddp {index + 1}/{args.ddp + args.ddp_stock}] {label} {outcome.landed}", outcome)
     _summary(outcomes, time.monotonic() - started)
     ours = [outcome for label, outcome in outcomes if "STOCK" not in label]
     sys.exit(0 if all(outcome.exact for outcome in ours) else 1)
+
+
+def _report(delivery: str, outcome: Outcome) -> None:
+    verdict = "exact" if outcome.exact else f"INEXACT {outcome.why}"
+    print(f"{delivery}; resumed from {outcome.checkpoint}: {verdict}", flush=True)
 
 
 def _summary(outcomes: list[tuple[str, Outcome]], seconds: float) -> None:

@@ -123,7 +123,7 @@ def main() -> None:
     params = {name: value.detach().clone() for name, value in model.state_dict().items()}
     result = {"seen": model.seen, "params": params, "ended": ended, "step": trainer.global_step}
     ended = getattr(paced, "ended", time.monotonic())
-    result["seconds"] = ended - paced.started  # of training
+    result["seconds"] = ended - getattr(paced, "started", ended)  # of training (none: resumed at its very end)
     result["signalled_in_training"] = bool(SIGNALLED) and SIGNALLED[0] < ended
     torch.save(result, job_dir / f"rank{rank}-{args.attempt}.pt")
 

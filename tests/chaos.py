@@ -496,11 +496,20 @@ def _config_json(config: Config) -> str:
     return json.dumps(changed)
 
 
-def deliver_ddp(
+def _log_tails(job_dir: Path) -> str:
+    """The last lines of each task's logs: what a failed 2-rank delivery says about itself."""
+    tails = []
+    for log in sorted(job_dir.glob("rank*.log")):
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-4:]
+        tails.append(f"{log.name}: " + " | ".join(lines))
+    return "\n".join(tails)
+
+
+def _deliver_ddp(
     job_dir: Path, full_dir: Path, signal_after: list[float | None], *, stock: bool = False, flow_name: str = "slurm"
 ) -> Outcome:
     """Signal ranks of a 2-rank job at their own moments (None: not that rank); the flow stops it; resume; compare
-    every rank with the uninterrupted job in ``full_dir``.
+    every rank with the uninterrupted job in ``full_dir`` (an inexact outcome carries the tasks' last log lines).
 
     ``slurm``: SLURM's signal, requeue, SIGTERM, kill; the requeued job finds the hpc checkpoint itself. ``sigterm``:
     Lightning's SIGTERM handling with ``OnExceptionCheckpoint``; the next job passes its file as ``ckpt_path``.
@@ -527,6 +536,10 @@ def deliver_ddp(
     if slurm_step(job_dir, 1, None, stock=stock, flow=flow_name, resume=resume, timeout=timeout) == "hang":
         return Outcome("ddp", 0, label, source.name, False, "the requeued job hung")
     for rank in range(2):
+        if not (job_dir / f"rank{rank}-0.pt").exists():
+            return Outcome(
+                "ddp", 0, label, source.name, False, f"rank {rank} was killed before it stopped (see its log)"
+            )
         full = torch.load(full_dir / f"rank{rank}-0.pt", weights_only=False)
         first = torch.load(job_dir / f"rank{rank}-0.pt", weights_only=False)
         second = torch.load(job_dir / f"rank{rank}-1.pt", weights_only=False)
@@ -536,6 +549,16 @@ def deliver_ddp(
             if not torch.equal(value, second["params"][name]):
                 return Outcome("ddp", 0, label, source.name, False, f"rank {rank}: parameter {name} differs")
     return Outcome("ddp", 0, label, source.name, True)
+
+
+def deliver_ddp(
+    job_dir: Path, full_dir: Path, signal_after: list[float | None], *, stock: bool = False, flow_name: str = "slurm"
+) -> Outcome:
+    """:func:`_deliver_ddp`, with the tasks' last log lines in an inexact outcome's reason."""
+    outcome = _deliver_ddp(job_dir, full_dir, signal_after, stock=stock, flow_name=flow_name)
+    if not outcome.exact:
+        outcome.why = f"{outcome.why}\n{_log_tails(job_dir)}"
+    return outcome
 
 
 def fresh_job_signals() -> None:

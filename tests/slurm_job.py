@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("job_dir")
     parser.add_argument("--attempt", type=int, required=True)
     parser.add_argument("--signal-after", type=float)
-    parser.add_argument("--kill-wait", type=float, default=5.0)
+    parser.add_argument("--kill-wait", type=float, default=30.0, help="SLURM's KillWait (its default)")
     parser.add_argument("--stock", action="store_true")
     parser.add_argument("--config", default="{}")
     parser.add_argument("--flow", default="slurm", choices=["slurm", "sigterm"], help="sigterm: OnExceptionCheckpoint")

@@ -353,15 +353,19 @@ def test_a_second_signal_while_the_checkpoint_is_written(callback, slurm_job, tm
     chaos.assert_same_state(full, second.result)
 
 
+#: a moment within the 2-rank job's training however fast the machine: each of its steps takes at least
+#: tests/slurm_job.py's Paced.PACE (0.01 s)
+PACED_TRAINING_S = 0.6 * 0.01 * chaos.DDP_CONFIG.max_epochs * chaos.DDP_CONFIG.batches_per_epoch / 2
+
+
 @pytest.mark.slow
 def test_a_requeued_slurm_job_of_two_ranks_signalled_at_different_moments_resumes_exactly(tmp_path):
     """Each rank gets SLURM's signal at its own moment (timers): the ranks agree on one consistent point, rank 0
     requeues once the file is complete, no rank hangs, and the requeued job continues every rank exactly."""
     full_dir = tmp_path / "full"
     assert chaos.slurm_step(full_dir, 0, None) == "done"
-    training = torch.load(full_dir / "rank0-0.pt", weights_only=False)["seconds"]
     rng = random.Random(f"{SEED}-ddp")
-    moments = [rng.uniform(0, training * 0.4), rng.uniform(0, training * 0.4)]  # (steps are paced: in training)
+    moments = [rng.uniform(0, PACED_TRAINING_S), rng.uniform(0, PACED_TRAINING_S)]
     outcome = chaos.deliver_ddp(tmp_path / "job", full_dir, moments)
     assert outcome.exact, f"{outcome} (MIDEPOCH_CHAOS_SEED={SEED} repeats this sample)"
     assert outcome.checkpoint is not None, "the signals came after training: the sample tested nothing"
@@ -374,8 +378,7 @@ def test_sigterm_to_one_rank_of_two_stops_every_rank_at_one_point_and_resumes_ex
     ``OnExceptionCheckpoint`` file holds every rank's states, so the next job continues every rank exactly."""
     full_dir = tmp_path / "full"
     assert chaos.slurm_step(full_dir, 0, None) == "done"
-    training = torch.load(full_dir / "rank0-0.pt", weights_only=False)["seconds"]
-    moment = random.Random(f"{SEED}-sigterm").uniform(0, training * 0.4)
+    moment = random.Random(f"{SEED}-sigterm").uniform(0, PACED_TRAINING_S)
     outcome = chaos.deliver_ddp(tmp_path / "job", full_dir, [None, moment], flow_name="sigterm")
     assert outcome.exact, f"{outcome} (MIDEPOCH_CHAOS_SEED={SEED} repeats this sample)"
     assert outcome.checkpoint == "on_exception.ckpt"

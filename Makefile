@@ -75,12 +75,25 @@ demo: venv  ## the main job: train, SIGKILL mid-epoch, resume with and without t
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 
-test: venv  ## every test, with branch coverage of src/ (at least 90%, enforced)
-	$(BIN)/python -m pytest src/lightning_midepoch tests $(XDIST) --cov --cov-report=term-missing -p no:cacheprovider --durations=15 \
-		-m "not workers_matrix"
+# `make test` runs WORKERS_SAMPLE of the larger DataLoader-worker matrix (the workers_matrix cases of
+# tests/test_workers.py, one or two seconds each), another sample each run: WORKERS_SEED chooses them
+# (tests/conftest.py), and pytest's header prints it; `make test WORKERS_SEED=123` (or MIDEPOCH_WORKERS_SEED=123)
+# runs the same sample again, and `make test-workers` runs the whole matrix. MIDEPOCH_REQUIRE_TEST_DEPS=1: a data
+# library this venv installs (datasets, torchdata, litdata) that cannot be imported fails its tests instead of
+# skipping them (`make compat`, whose venv lacks some, skips them).
+ifndef WORKERS_SEED
+WORKERS_SEED := $(or $(MIDEPOCH_WORKERS_SEED),$(shell od -An -N4 -tu4 /dev/urandom | tr -d ' '))
+endif
+WORKERS_SAMPLE ?= 3
+
+test: venv  ## every test (a seeded sample of the workers matrix), with branch coverage of src/ (at least 90%, enforced)
+	MIDEPOCH_REQUIRE_TEST_DEPS=1 MIDEPOCH_WORKERS_SAMPLE=$(WORKERS_SAMPLE) MIDEPOCH_WORKERS_SEED=$(WORKERS_SEED) \
+		$(BIN)/python -m pytest src/lightning_midepoch tests $(XDIST) --cov --cov-report=term-missing \
+		-p no:cacheprovider --durations=15
 
 test-workers: venv  ## the larger DataLoader-worker matrix of tests/test_workers.py (every worker count and moment)
-	$(BIN)/python -m pytest tests/test_workers.py -m workers_matrix $(XDIST) -q -p no:cacheprovider
+	MIDEPOCH_WORKERS_SAMPLE= $(BIN)/python -m pytest tests/test_workers.py -m workers_matrix $(XDIST) -q \
+		-p no:cacheprovider
 
 # `make chaos CHAOS_SEED=123` repeats a run. CHAOS_DELIVERIES signals in all with the callback (CHAOS_DDP of them to
 # 2-rank jobs, by timers), spread over the flows of tests/chaos.py, plus a stock control without it; about 25 minutes
@@ -158,10 +171,11 @@ lightning-suite: $(SUITE_STAMP)  ## Lightning's tests stock and with the callbac
 		--allowed tests/lightning_suite/allowed_failures.txt > $(SUITE_OUT)/comparison.txt; \
 		status=$$?; cat $(SUITE_OUT)/comparison.txt; exit $$status
 
-lint: venv  ## ruff and mypy --strict on src/
+lint: venv  ## ruff; mypy --strict on src/ and tools/; no test assertion that cannot fail (tools/check_asserts.py)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/python tools/check_asserts.py tests
 
 docs: venv  ## the documentation site in docs/_build/html (warnings are errors; tests/test_docs.py runs its examples)
 	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html

@@ -2,10 +2,12 @@
 
 Times are CPU times of the measuring thread (the machine is shared).
 
-* **Work per batch in each worker**: the recording wrapper around ``collate_fn`` runs in the worker once per batch
-  and copies the worker's states into shared memory. Timed in this process exactly as a worker runs it (the same
-  objects), for a dataset without and with a generator of its own, against the baseline of what a worker does for
-  a batch anyway: loading and collating 32 augmented samples of 16 floats (the demo's dataset).
+* **Work per batch in each worker**: the recording wrapper around ``collate_fn`` runs in the worker once per batch,
+  searches the worker's copy of the dataset for generators again (it may have created one since) and copies the
+  worker's states into shared memory. Timed in this process exactly as a worker runs it (the same objects), for a
+  dataset without and with a generator of its own and for one with a transform pipeline whose three steps own one
+  each, against the baseline of what a worker does for a batch anyway: loading and collating 32 augmented samples of
+  16 floats (the demo's dataset). The search alone is timed too.
 * **Main-process time per batch**: the one thing the main process does per batch is pass each index list through one
   more generator frame (it numbers a pass at its first index): timed with and without it over a ``BatchSampler``.
 * **Checkpoint bytes per worker**: ``torch.save`` of the worker entry a real checkpoint holds, for 1 to 4 workers.
@@ -32,12 +34,33 @@ REPEATS = 2000
 WORKER_COUNTS = (1, 2, 3, 4)
 
 
+class Jitter:
+    """A pipeline step that owns a numpy generator."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.from_numpy(self.rng.normal(size=x.shape).astype(np.float32))
+
+
+class Compose:
+    def __init__(self, steps: list[Any]) -> None:
+        self.transforms = steps
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        for step in self.transforms:
+            x = step(x)
+        return x
+
+
 class Augmented(Dataset):
     """The demo's dataset: 16 fixed floats per sample plus noise drawn from torch's and numpy's generators."""
 
-    def __init__(self, size: int, own_generator: bool) -> None:
+    def __init__(self, size: int, own_generator: bool, pipeline: bool = False) -> None:
         self.x = torch.randn(size, 16, generator=torch.Generator().manual_seed(0))
         self.generator = torch.Generator().manual_seed(1) if own_generator else None
+        self.transform = Compose([Jitter(2), Jitter(3), Jitter(4)]) if pipeline else None
 
     def __len__(self) -> int:
         return len(self.x)
@@ -46,7 +69,8 @@ class Augmented(Dataset):
         noise = 0.05 * torch.randn(16) * (1.0 + float(np.random.rand()))
         if self.generator is not None:
             noise = noise + torch.rand(16, generator=self.generator)
-        return index, self.x[index] + noise
+        x = self.x[index] + noise
+        return index, self.transform(x) if self.transform is not None else x
 
 
 def _per_call(action: Any, repeats: int = REPEATS) -> float:
@@ -66,15 +90,22 @@ def _per_call(action: Any, repeats: int = REPEATS) -> float:
 
 def worker_cost() -> list[dict[str, Any]]:
     rows = []
-    for own in (False, True):
-        dataset = Augmented(10_000, own_generator=own)
+    kinds = {
+        "global generators only": {"own_generator": False},
+        "with its own torch.Generator": {"own_generator": True},
+        "a Compose of 3 steps, each with a numpy Generator": {"own_generator": False, "pipeline": True},
+    }
+    for name, options in kinds.items():
+        dataset = Augmented(10_000, **options)
         buffers = _workers._Buffers.allocate(1, 8, 65536, 1)
         recorder = _workers._WorkerRecorder(0, buffers, dataset)
         baseline = _per_call(lambda data=dataset: default_collate([data[i] for i in range(BATCH_SIZE)]), REPEATS // 10)
         recording = _per_call(recorder.batch_done)
+        search = _per_call(lambda data=dataset: _workers._generators(data))
         rows.append(
             {
-                "dataset": "with its own torch.Generator" if own else "global generators only",
+                "dataset": name,
+                "search_s": search,
                 "recording_s": recording,
                 "batch_s": baseline,
                 "ratio": recording / baseline,
@@ -98,7 +129,7 @@ def main_process_cost() -> dict[str, float]:
     plain, numbered = [], []
     for _ in range(5):
         plain.append(epoch(None))
-        numbered.append(epoch(lambda skip: 0))
+        numbered.append(epoch(lambda skip, first: []))
     return {"without_s": median(plain), "with_s": median(numbered), "added_s": median(numbered) - median(plain)}
 
 
@@ -146,6 +177,7 @@ def run() -> dict[str, Any]:
                 [
                     "dataset",
                     "recording per batch (in the worker)",
+                    "of which the search for generators",
                     "loading + collating a batch of 32",
                     "ratio",
                     "slot bytes",
@@ -154,6 +186,7 @@ def run() -> dict[str, Any]:
                     [
                         row["dataset"],
                         f"{row['recording_s'] * 1e6:.1f} µs",
+                        f"{row['search_s'] * 1e6:.1f} µs",
                         f"{row['batch_s'] * 1e6:.0f} µs",
                         f"{row['ratio']:.3f}",
                         f"{row['slot_bytes']:,}",

@@ -14,6 +14,7 @@ import time
 from importlib.metadata import version
 from typing import Any
 
+import bench_fingerprint
 import bench_lockstep
 import bench_overhead
 import bench_preemption
@@ -106,6 +107,12 @@ def headline(results: dict[str, Any]) -> list[str]:
     )
     preemption = results["preemption"]
     lines.append(f"- {bench_preemption.verdict(preemption['one_process'], preemption['ddp'])}")
+    image = results["fingerprint"]["fingerprint"][0]
+    lines.append(
+        f"- The resume's self-check: one fingerprint of a {image['batch']} batch takes"
+        f" {image['fingerprint_s'] * 1e3:.0f} ms (SHA-256 of its bytes alone {image['sha256_s'] * 1e3:.0f} ms,"
+        f" torch.save of it {image['torch_save_s'] * 1e3:.0f} ms), once per checkpoint and once per resume."
+    )
     return lines
 
 
@@ -143,6 +150,9 @@ def summary(results: dict[str, Any], sections: dict[str, str], runtime_s: float)
             "## 5. Pre-emption: serving signals at consistent points",
             sections["preemption"],
             f"![per-step collectives under DDP]({bench_preemption.PLOT})",
+            "## 6. The resume's self-check: the fingerprint of the next batch",
+            sections["fingerprint"],
+            f"![one fingerprint vs. baselines]({bench_fingerprint.PLOT})",
         ]
     )
 
@@ -160,6 +170,7 @@ def main() -> None:
         ("size_memory", bench_size_memory),
         ("workers", bench_workers),
         ("preemption", bench_preemption),
+        ("fingerprint", bench_fingerprint),
     )
     for name, module in modules:
         section_started = time.perf_counter()

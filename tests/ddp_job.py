@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import contextlib
 import importlib
+import logging
 import os
 
 import numpy as np
@@ -44,7 +45,7 @@ from harness import (
     ModelCheckpoint,
     OnExceptionCheckpoint,
 )
-from lightning_midepoch import MidEpochResume
+from lightning_midepoch import MidEpochResume, MidEpochResumeError
 
 FSDPStrategy = importlib.import_module(f"{NAMESPACE}.strategies").FSDPStrategy
 
@@ -115,7 +116,25 @@ class Report(L.Callback):
 KILLED = 17
 
 
-def _write(out: Path, trainer: L.Trainer, model: Any, saves: CountSaves, caught: list[str] | None = None) -> None:
+class _Messages(logging.Handler):
+    """Keeps the messages logged (Lightning's rank-zero info messages among them)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _write(
+    out: Path,
+    trainer: L.Trainer,
+    model: Any,
+    saves: CountSaves,
+    caught: list[str] | None = None,
+    error: str | None = None,
+) -> None:
     if isinstance(trainer.strategy, FSDPStrategy):  # every rank gathers the full parameters from the shards
         from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -130,6 +149,7 @@ def _write(out: Path, trainer: L.Trainer, model: Any, saves: CountSaves, caught:
         "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()[1].copy(), "python": random.getstate()},
         "world_size": trainer.world_size,
         "saves": saves.count,
+        "error": error,
     }
     torch.save(result, out / f"rank{trainer.global_rank}.pt")
 
@@ -146,6 +166,7 @@ def main() -> None:
     parser.add_argument("--strategy", default="ddp", choices=["ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp"])
     parser.add_argument("--checkpoint-every", type=int, default=0, help="ModelCheckpoint(every_n_train_steps=N)")
     parser.add_argument("--on-exception", action="store_true", help="--crash raises in training_step instead")
+    parser.add_argument("--verify-batch", default="warn", help="MidEpochResume(verify_batch=...)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -155,7 +176,8 @@ def main() -> None:
     if args.resume:  # a fresh process's states (PL_GLOBAL_SEED, which seeds the injected sampler, stays the same)
         torch.manual_seed(77), np.random.seed(77), random.seed(77)
     saves = CountSaves()
-    callbacks: list[L.Callback] = [DivergeRanks(), saves] if args.stock else [MidEpochResume(), DivergeRanks(), saves]
+    ours = MidEpochResume(verify_batch=args.verify_batch)
+    callbacks: list[L.Callback] = [DivergeRanks(), saves] if args.stock else [ours, DivergeRanks(), saves]
     spawned = args.strategy in ("ddp_spawn", "ddp_fork", "ddp_notebook")
     crash = CrashPoint("train_batch_end", *args.crash) if args.crash and not args.on_exception else None
     if spawned:
@@ -185,6 +207,9 @@ def main() -> None:
         default_root_dir=out,
         **config.trainer_kwargs(),
     )
+    logged = _Messages()
+    logging.getLogger(NAMESPACE).addHandler(logged)  # Lightning's rank-zero info messages (it does not propagate them)
+    error = None
     with warnings.catch_warnings(record=True) as caught, contextlib.suppress(Crash):
         warnings.simplefilter("always")
         try:
@@ -192,8 +217,10 @@ def main() -> None:
         except ProcessExitedException as exited:  # the spawned ranks stopped at the crash point
             if exited.exit_code != KILLED:
                 raise
+        except MidEpochResumeError as raised:  # verify_batch="raise": every rank raises, none is left waiting
+            error = str(raised)
     if not spawned:
-        _write(out, trainer, model, saves, [str(warning.message) for warning in caught])
+        _write(out, trainer, model, saves, [str(warning.message) for warning in caught] + logged.messages, error)
 
 
 if __name__ == "__main__":

@@ -208,6 +208,9 @@ class Config:
     pin_memory: bool = False
     iterable_workers: int = 0  # the iterable dataset's loader reads it in this many workers (each a full copy)
     uneven_shards: bool = False  # ... and its workers' shards have different lengths
+    multiprocessing_context: str | None = None  # the map-style loader's workers start this way ("spawn"); None: default
+    pipeline: str | None = None  # the map-style dataset draws its augmentation as pipelines.PIPELINES[name] does
+    in_order: bool = True  # DataLoader(in_order=False): workers' batches in the order they finish
 
     def loaders(self, model: Model) -> Any:
         if self.iterable is not None:
@@ -220,7 +223,11 @@ class Config:
         return self.make_loader(model)
 
     def make_loader(self, model: Model) -> DataLoader:
+        from pipelines import PIPELINES  # (it imports this module)
+
         dataset_type = AugmentedDataset if self.augment else IndexedDataset
+        if self.pipeline is not None:
+            dataset_type = PIPELINES[self.pipeline]
         dataset = dataset_type(self.dataset_size, offset=0 if self.dataset_size != 6 else 1000)
         model.datasets.append(dataset)
         common: dict[str, Any] = {"num_workers": self.num_workers, "persistent_workers": self.persistent_workers}
@@ -230,6 +237,10 @@ class Config:
             common["prefetch_factor"] = self.prefetch_factor
         if self.pin_memory:
             common["pin_memory"] = True
+        if not self.in_order:
+            common["in_order"] = False
+        if self.multiprocessing_context is not None:
+            common["multiprocessing_context"] = self.multiprocessing_context
         batching = {"batch_size": model.batch_size, "drop_last": self.drop_last}
         if self.loader == "shuffle":
             return DataLoader(dataset, shuffle=True, **batching, **common)
@@ -550,6 +561,9 @@ def run(
     ``before_fit`` runs with the trainer and model just before ``trainer.fit`` (a tuner, say); extra keyword
     arguments go to the ``Trainer``.
     """
+    from pipelines import fresh_process  # (it imports this module)
+
+    fresh_process()
     L.seed_everything(seed, verbose=False, workers=config.seed_workers)
     model = (IterStepModel if config.pulls else Model)(config)
     if ckpt_path is not None:  # the weights come from the checkpoint; the process-wide states must not matter

@@ -17,6 +17,7 @@ import lightning
 import lightning.pytorch as pl_new
 import pytest
 
+from conftest import require
 from lightning_midepoch import _compat, _fingerprints
 from lightning_midepoch._mixin import OWN_ATTRIBUTE_PREFIX
 
@@ -374,7 +375,7 @@ def _load_tool() -> Any:
 
 
 def test_unsaved_buffer_of_a_hugging_face_iterable_dataset():
-    datasets = pytest.importorskip("datasets")
+    datasets = require("datasets")
     plain = datasets.Dataset.from_dict({"i": list(range(10))}).to_iterable_dataset(num_shards=2)
     assert _compat.unsaved_buffer(plain) is None
     assert _compat.unsaved_buffer(plain.shuffle(seed=1, buffer_size=4)) == "a shuffle buffer of 4 examples"
@@ -382,6 +383,17 @@ def test_unsaved_buffer_of_a_hugging_face_iterable_dataset():
     assert _compat.unsaved_buffer(mapped) == "a shuffle buffer of 3 examples"
     interleaved = datasets.interleave_datasets([plain, plain.shuffle(seed=1, buffer_size=5)])
     assert _compat.unsaved_buffer(interleaved) == "a shuffle buffer of 5 examples"
+
+
+def test_a_missing_test_dependency_fails_under_make_test_and_is_skipped_elsewhere(monkeypatch):
+    missing = "lightning_midepoch_no_such_library"
+    monkeypatch.setenv("MIDEPOCH_REQUIRE_TEST_DEPS", "1")  # as `make test` sets it
+    with pytest.raises(pytest.fail.Exception, match=rf"{missing} cannot be imported .* `make test` installs"):
+        require(missing)
+    assert require("json") is importlib.import_module("json")
+    monkeypatch.delenv("MIDEPOCH_REQUIRE_TEST_DEPS")  # `make compat`: a library its environment lacks is skipped
+    with pytest.raises(pytest.skip.Exception, match=missing):
+        require(missing)
 
 
 def test_a_torch_without_a_private_name_the_worker_recording_uses_is_refused_clearly(monkeypatch):

@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
+from conftest import require
 from harness import Config, CrashPoint, IndexedDataset, Model, assert_exact, checkpoint_path, interrupt_and_resume, run
 
 MID = CrashPoint("train_batch_end", epoch=1, batch=3)
@@ -59,9 +60,9 @@ class StatefulLoaderConfig(Config):
     hugging_face: bool = False
 
     def make_loader(self, model: Model) -> DataLoader:
-        stateful_dataloader = pytest.importorskip("torchdata.stateful_dataloader")
+        stateful_dataloader = require("torchdata.stateful_dataloader")
         if self.hugging_face:
-            datasets = pytest.importorskip("datasets")
+            datasets = require("datasets")
             rows = datasets.Dataset.from_dict({"i": list(range(self.dataset_size))}).to_iterable_dataset()
             return stateful_dataloader.StatefulDataLoader(rows, batch_size=self.batch_size, collate_fn=collate_rows)
         dataset = IndexedDataset(self.dataset_size)
@@ -78,7 +79,7 @@ class StatefulLoaderConfig(Config):
 # ---------------------------------------------------------------- litdata's StreamingDataset + StreamingDataLoader
 def write_streaming_dataset(directory: Path, size: int) -> None:
     """Rows ``{"i": i}`` in litdata's chunked format, as ``litdata.optimize`` writes them (in this process)."""
-    writer_module = pytest.importorskip("litdata.streaming.writer")
+    writer_module = require("litdata.streaming.writer")
     writer = writer_module.BinaryWriter(str(directory), chunk_size=5)
     for i in range(size):
         writer[i] = {"i": i}
@@ -94,7 +95,7 @@ class StreamingConfig(Config):
     noisy: bool = False  # each row drawn from torch's global generator as it is read (in the main process)
 
     def make_loader(self, model: Model) -> DataLoader:
-        litdata = pytest.importorskip("litdata")
+        litdata = require("litdata")
         transform = noisy_row if self.noisy else None
         dataset = litdata.StreamingDataset(self.directory, shuffle=True, seed=3, transform=transform)
         return litdata.StreamingDataLoader(
@@ -120,7 +121,7 @@ class HuggingFaceMapConfig(Config):
     """An Arrow-backed ``datasets.Dataset`` in torch format, shuffled by the DataLoader, loaded by workers."""
 
     def make_loader(self, model: Model) -> DataLoader:
-        datasets = pytest.importorskip("datasets")
+        datasets = require("datasets")
         dataset = datasets.Dataset.from_dict({"i": list(range(self.dataset_size))}).with_format("torch")
         return DataLoader(
             dataset, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers, collate_fn=collate_rows
@@ -134,7 +135,7 @@ class HuggingFaceIterableConfig(Config):
     buffer_size: int = 0
 
     def make_loader(self, model: Model) -> DataLoader:
-        datasets = pytest.importorskip("datasets")
+        datasets = require("datasets")
         dataset = datasets.Dataset.from_dict({"i": list(range(self.dataset_size))}).to_iterable_dataset()
         if self.buffer_size:
             dataset = dataset.shuffle(seed=3, buffer_size=self.buffer_size)

@@ -225,6 +225,33 @@ def test_elastic_resume_trains_every_remaining_sample_once(saved_on, resumed_on,
         assert indices == list(range(batches_per_rank - len(indices), batches_per_rank))
     # later epochs follow the new world size's normal order: a full epoch each
     assert _epoch_samples(resumed, epoch + 1) == Counter(range(DATASET))
+    # each rank loads other batches than before, by design: the fingerprint of the next batch is not compared
+    skipped = "the checkpoint's fingerprint of the next batch is not compared"
+    fingerprinted = crash[1] < batches_per_rank_saved(saved_on) - 1  # (none at an epoch's last batch)
+    assert any(skipped in message for message in resumed[0]["warnings"]) == fingerprinted
+
+
+def batches_per_rank_saved(world_size: int) -> int:
+    return -(-DATASET // world_size // 2)
+
+
+def test_a_batch_that_differs_on_one_rank_stops_every_rank(tmp_path):
+    """Rank 1 alone draws from a generator out of reach: with verify_batch="raise", rank 0 raises too, naming rank 1,
+    after one collective, so that no rank is left waiting for another; neither trains on its batch."""
+    config = {"dataset_size": DATASET, "pipeline": "module_on_rank_1", "augment": True, "max_epochs": 1}
+    _train(tmp_path / "interrupted", 2, config, crash=(0, 2))
+    out = tmp_path / "resumed"
+    resume = tmp_path / "interrupted" / "crash.ckpt"
+    command = _command(out, 2, config, resume=resume, extra=("--verify-batch", "raise"))
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    # (Lightning's launcher ends the other ranks once rank 0 raised: rank 1 may not have written its report)
+    reports = [torch.load(path, weights_only=False) for path in sorted(out.glob("rank*.pt"))]
+    assert reports[0]["world_size"] == 2
+    for report in reports:
+        assert "The resumed run's first batch, batch_idx 3 of epoch 0, differs" in report["error"]
+        assert "on rank(s) 1" in report["error"]
+        assert report["seen"] == []
 
 
 def _epoch_order(result, epoch: int) -> list[int]:

@@ -109,6 +109,10 @@ def _constant_parts(node: ast.expr) -> list[str]:
     return []
 
 
+#: How the package's modules give a warning.
+_WARN_CALLS = ("_compat.warn", "warn", "self.warn", "warnings.warn")
+
+
 def _messages() -> list[tuple[str, list[str]]]:
     """The literal text of every exception and warning the package raises or gives, per call site."""
     found = []
@@ -118,7 +122,7 @@ def _messages() -> list[tuple[str, list[str]]]:
             if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
                 # AttributeError from a __getattr__ is Python's attribute protocol, not a message of the package
                 call = node.exc if ast.unparse(node.exc.func) != "AttributeError" else None
-            elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("_compat.warn", "warn", "warnings.warn"):
+            elif isinstance(node, ast.Call) and ast.unparse(node.func) in _WARN_CALLS:
                 call = node
             if call is not None and call.args:
                 parts = _constant_parts(call.args[0])

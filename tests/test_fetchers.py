@@ -8,12 +8,22 @@ from lightning_midepoch._fetchers import _FetchingCombinedLoader
 from lightning_midepoch._mixin import mix_in, unmix
 
 
+class _NotArmed:
+    armed = False
+
+
 class _Session:
     """What the ``CombinedLoader`` override asks of its session: the hooks around a fetch, and the flag."""
 
     def __init__(self) -> None:
         self.fetching = False
         self.events: list[str] = []
+        self.ahead = None  # a batch fetched ahead at a checkpoint (none here)
+        self.batch_check = _NotArmed()
+        self.warnings: list[str] = []
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
 
     def before_fetch(self) -> None:
         self.events.append("before")

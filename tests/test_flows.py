@@ -7,9 +7,11 @@ The reference for "unchanged" is the same run without the callback; for "exact",
 from __future__ import annotations
 
 import importlib
+import random
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -141,14 +143,20 @@ def test_validate_test_predict_before_and_after_fit_are_unchanged(tmp_path):
             callback=callback,
             before_fit=lambda trainer, model, into=before: into.extend(_evaluate(trainer, model)),
         )
-        outputs[callback] = (before, _evaluate(result.trainer, result.model), result)
-    (ours_before, ours_after, ours), (stock_before, stock_after, stock) = outputs[True], outputs[False]
+        after = _evaluate(result.trainer, result.model)
+        # the process-wide random streams once the evaluations after fit are done
+        streams = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+        outputs[callback] = (before, after, result, streams)
+    (ours_before, ours_after, ours, ours_streams) = outputs[True]
+    (stock_before, stock_after, stock, stock_streams) = outputs[False]
     assert ours.seen == stock.seen
     for mine, theirs in zip(ours_before + ours_after, stock_before + stock_after, strict=True):
         assert len(mine) == len(theirs)
         for a, b in zip(mine, theirs, strict=True):
             assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
-    assert torch.equal(torch.get_rng_state(), torch.get_rng_state())
+    assert torch.equal(ours_streams[0], stock_streams[0]), "torch's global random stream differs"
+    assert np.array_equal(ours_streams[1], stock_streams[1]), "numpy's global random stream differs"
+    assert ours_streams[2] == stock_streams[2], "Python's global random stream differs"
 
 
 def _fit_twice(config: Config, tmp_path, callback: bool, ckpt: bool) -> RunResult:

@@ -40,6 +40,7 @@ TOP_KEYS = {
     "world_size",
     "state",
     "rng",
+    "next_batch",
     "loaders",
     "verdict",
     "blockers",
@@ -278,6 +279,10 @@ def test_exact_mid_epoch_checkpoint_text(ckpts, capsys):
     assert "Global step:        14" in lines
     assert "World size:         1" in lines
     assert "RNG states:         present for every rank (1 of 1)" in lines
+    assert (
+        "Next batch:         fingerprint saved for every rank (4 parts): the resumed run compares its first batch with"
+        " it before training on it"
+    ) in lines
     assert f"MidEpochResume:     state version 1, adds {state_bytes.tell():,} bytes" in out
     table = lines.index("  #  kind  samples  batch size  drop_last  batches  consumed")
     assert lines[table + 1].split() == ["0", "map", "20", "2", "False", "10", "4", "batches,", "8", "samples"]
@@ -304,6 +309,7 @@ def test_exact_mid_epoch_checkpoint_json(ckpts, capsys):
     assert doc["state"]["version"] == 1
     assert doc["state"]["bytes"] > 1000
     assert doc["rng"] == {"ranks_present": [0], "ranks_missing": [], "all_present": True, "cuda": False}
+    assert doc["next_batch"] == {"ranks_present": [0], "parts": 4, "why_absent": None}
     (loader,) = doc["loaders"]
     assert set(loader) == LOADER_KEYS
     assert loader == {
@@ -821,3 +827,22 @@ def test_missing_worker_states_are_a_caveat(tmp_path, capsys):
     assert (loader.num_workers, loader.worker_states, loader.worker_states_expected) == (2, 1, 2)
     assert any("holds the random states of 1 of its 2 DataLoader workers" in caveat for caveat in report.caveats)
     assert report.verdict == "caveats"
+
+
+@pytest.mark.parametrize(
+    ("crash", "why"),
+    [
+        (CrashPoint("before_backward", epoch=1, batch=3), "written inside a batch"),
+        (CrashPoint("train_epoch_end", epoch=0), "written at an epoch's end"),
+    ],
+    ids=["inside-a-batch", "epoch-end"],
+)
+def test_a_checkpoint_without_a_fingerprint_says_why(crash, why, tmp_path, capsys):
+    assert run(Config(), tmp_path, crash=crash).crashed
+    _, out, _ = cli(capsys, checkpoint_path(tmp_path, crash))
+    (line,) = [line for line in out.splitlines() if line.startswith("Next batch:")]
+    assert line.startswith(f"Next batch:         no fingerprint ({why}")
+    assert line.endswith("the resumed run cannot check its first batch")
+    _, doc = cli_json(capsys, checkpoint_path(tmp_path, crash))
+    assert doc["next_batch"]["ranks_present"] == []
+    assert doc["next_batch"]["why_absent"].startswith(why)

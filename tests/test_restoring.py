@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from conftest import require
 from harness import Config, CrashPoint, Model, interrupted_checkpoint, resume_warnings, run
 
 MID = CrashPoint("train_batch_end", epoch=1, batch=3)
@@ -78,7 +78,7 @@ class HuggingFaceConfig(Config):
     buffer_size: int = 0  # shuffle through a buffer of this many examples
 
     def loaders(self, model: Model) -> Any:
-        datasets = pytest.importorskip("datasets")
+        datasets = require("datasets")
         dataset = datasets.Dataset.from_dict({"i": list(range(self.dataset_size))}).to_iterable_dataset()
         if self.buffer_size:
             dataset = dataset.shuffle(seed=3, buffer_size=self.buffer_size)

@@ -316,6 +316,22 @@ def test_augmentation_drawn_in_the_main_process_resumes_exactly(crash, tmp_path)
     assert_exact(interrupt_and_resume(MAIN_PROCESS_AUGMENTED, crash, tmp_path))
 
 
+@pytest.mark.parametrize(
+    ("pipeline", "crash"),
+    [
+        ("lazy", CrashPoint("train_batch_end", epoch=0, batch=4)),
+        ("lazy", CrashPoint("model_checkpoint", step=13, every=13)),
+        ("compose", CrashPoint("train_batch_end", epoch=0, batch=4)),
+    ],
+    ids=["lazy-mid-epoch", "lazy-model-checkpoint", "compose-mid-epoch"],
+)
+def test_generators_a_pipeline_creates_or_holds_in_the_main_process_resume_exactly(pipeline, crash, tmp_path):
+    """A generator the dataset creates on its first sample is found at the checkpoint, and created again on resume
+    (sample 0 loaded once) before its saved state is put back; a Compose pipeline's steps' generators are found."""
+    config = Config(augment=True, max_epochs=2, pipeline=pipeline)
+    assert_exact(interrupt_and_resume(config, crash, tmp_path))
+
+
 def test_a_dataset_generator_is_saved_where_the_sampler_does_not_hold_it(tmp_path):
     checkpoint_dir = tmp_path / "run" / "checkpoints"
     crash = CrashPoint("train_batch_end", epoch=0, batch=4)

@@ -69,7 +69,10 @@ def test_saved_structure(tmp_path):
         }
     ]
     (rank,) = state["ranks"]
-    assert set(rank) == {"rng", "passes", "generators", "dataset_states", "grads"}
+    assert set(rank) == {"rng", "passes", "generators", "dataset_states", "grads", "next_batch"}
+    # the fingerprint of the next batch (ids, inputs, targets), fetched ahead at the checkpoint (tests/test_batch_check)
+    assert set(rank["next_batch"]) == {"digest", "leaves"}
+    assert list(rank["next_batch"]["leaves"]) == ["", "[0]", "[1]", "[2]"]
     assert set(rank["rng"]) == {"torch", "numpy", "python"}
     (record,) = rank["passes"]
     assert set(record) == {"epoch", "index", "at_iter", "at_first_next", "pulled", "exhausted"}

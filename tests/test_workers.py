@@ -1,9 +1,13 @@
 """Randomness drawn inside DataLoader workers resumes exactly: batches, augmented inputs and weights, bit for bit.
 
 The dataset (``harness.AugmentedDataset``) draws from torch's, numpy's and Python's global generators and from a
-generator it owns, in every ``__getitem__``; each batch's augmented inputs are part of what the runs compare. The
-larger matrix (every worker count with both worker lifetimes, every checkpoint moment) carries the
-``workers_matrix`` marker and runs with ``make test-workers``; ``make test`` runs a spread of it.
+generator it owns, in every ``__getitem__``; each batch's augmented inputs are part of what the runs compare.
+
+The larger matrix (every worker count with both worker lifetimes, every checkpoint moment, more loader settings)
+carries the ``workers_matrix`` marker; ``make test-workers`` runs all of it. ``make test`` runs the unmarked cases (a
+spread over the same settings) and 3 marked ones, another 3 each run: ``MIDEPOCH_WORKERS_SAMPLE=3`` keeps 3 of the
+collected marked cases, chosen by ``MIDEPOCH_WORKERS_SEED`` (``tests/conftest.py``; pytest's header prints the seed,
+and the same seed runs the same cases again), and deselects the others. ``make pythons`` and ``make floor`` run none.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conftest import sample_of_matrix
 from harness import (
+    Comparison,
     Config,
     CountingIterable,
     CrashPoint,
@@ -121,6 +127,18 @@ def test_loader_settings_and_worker_init_functions(settings, tmp_path):
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*pin_memory.*")  # no accelerator on the test machine
         assert_exact(interrupt_and_resume(config, MID, tmp_path))
+
+
+def test_the_matrix_sample_depends_only_on_the_seed():
+    """`make test`'s sample of the marked cases (tests/conftest.py): the same in each xdist worker, another per seed."""
+    ids = [f"tests/test_workers.py::test_case[{i}]" for i in range(21)]
+    sample = sample_of_matrix(ids, 3, seed=5)
+    assert len(sample) == 3
+    assert set(sample) <= set(ids)
+    assert sample_of_matrix(list(reversed(ids)), 3, seed=5) == sample  # whatever order the ids are collected in
+    assert len({tuple(sample_of_matrix(ids, 3, seed)) for seed in range(10)}) > 1
+    assert sample_of_matrix(ids[:2], 3, seed=5) == ids[:2]
+    assert sample_of_matrix(ids, 0, seed=5) == []
 
 
 # ---------------------------------------------------------------------------------------------- warnings
@@ -318,3 +336,122 @@ def test_a_resumed_worker_whose_data_ran_out_ends_its_pass_at_its_first_batch_in
     assert [index for index, _, _ in next_pass] == [index for index, _, _ in expected_next_pass]
     assert all(torch.equal(a[1], b[1]) for a, b in zip(next_pass, expected_next_pass, strict=True))
     assert collate(next_pass[:2]) == next_pass[:2]  # later batches collate as usual
+
+
+# ---------------------------------------------------------------------------------------------- data pipelines
+@pytest.mark.parametrize(
+    ("pipeline", "persistent"),
+    [
+        ("lazy", False),  # a generator the worker's copy creates on its first sample
+        ("lazy", True),
+        ("compose", False),  # a Compose-like pipeline whose steps each own a generator
+        ("containers", True),  # generators in a list and in a dict
+        ("batches_only", False),  # only __getitems__, refusing an empty list of indices
+        ("batches_only", True),
+    ],
+)
+def test_generators_a_pipeline_holds_or_creates_in_the_workers_continue(pipeline, persistent, tmp_path):
+    """Batch 4's checkpoint: the first remaining batch went to worker 1, so the resumed pass shifts its rotation."""
+    config = replace(AUGMENTED, pipeline=pipeline, persistent_workers=persistent)
+    assert_exact(interrupt_and_resume(config, MID, tmp_path))
+
+
+def test_a_dataset_that_loads_whole_batches_is_never_given_an_empty_list():
+    """The tasks that shift a resumed rotation carry the pass's first batch of indices for such a dataset."""
+    from pipelines import BatchesOnly
+
+    loader = torch.utils.data.DataLoader(BatchesOnly(8), batch_size=2, num_workers=2)
+    workers = W.LoaderWorkers(0, loader)
+    try:
+        workers.prefix = workers.dropped = 1
+        assert workers.pass_started(5, [6, 7]) == [[6, 7]]
+        assert workers.sample == 6  # an index the pass loaded: a resumed worker's copy may load it once
+    finally:
+        workers.detach()
+    plain = W.LoaderWorkers(0, torch.utils.data.DataLoader(range(8), batch_size=2, num_workers=2))
+    try:
+        plain.prefix = 2
+        assert plain.pass_started(4, [4, 5]) == [[], []]  # empty lists reach no code of a dataset with __getitem__
+    finally:
+        plain.detach()
+
+
+class _Peek(L.Callback):
+    """A user's callback that looks at one batch of the train loader during fit (``next(iter(...))``)."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.current_epoch == 0 and batch_idx == 1:
+            next(iter(trainer.train_dataloader))
+
+
+def test_a_peek_at_the_train_loader_never_makes_a_checkpoint_wait_and_the_resume_is_exact(monkeypatch, tmp_path):
+    """The peek's iterator has workers of its own, which no checkpoint waits for: counted, not timed."""
+    unwritten: list[tuple[int, int]] = []
+    find = W.LoaderWorkers._find
+
+    def counting_find(self: W.LoaderWorkers, worker: int, batches: int) -> Any:
+        found = find(self, worker, batches)
+        if found is False:  # the slot a checkpoint needs is not written (yet): it would wait
+            unwritten.append((worker, batches))
+        return found
+
+    monkeypatch.setattr(W.LoaderWorkers, "_find", counting_find)
+    monkeypatch.setattr(W, "WAIT_S", 2.0)  # (a regression fails the count, quickly)
+    config = replace(AUGMENTED, max_epochs=1)
+    full = run(config, tmp_path / "full", extra_callbacks=[_Peek()])
+    stock = run(config, tmp_path / "stock", callback=False, extra_callbacks=[_Peek()])
+    assert full.seen == stock.seen
+    interrupted = run(config, tmp_path / "interrupted", crash=MID, extra_callbacks=[_Peek()])
+    assert interrupted.crashed
+    assert unwritten == []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ckpt = checkpoint_path(tmp_path / "interrupted", MID)
+        resumed = run(config, tmp_path / "resumed", ckpt_path=ckpt, seed=2, extra_callbacks=[_Peek()])
+    assert not [w for w in caught if "MidEpochResume" in str(w.message) or "resumed run" in str(w.message)]
+    assert_exact(Comparison(full, interrupted, resumed))
+
+
+def test_a_peek_that_restarts_the_training_pass_is_warned_and_so_is_its_resume(tmp_path):
+    """With persistent workers the loader's one iterator is the training loop's: a peek restarts its pass."""
+    config = replace(AUGMENTED, persistent_workers=True, max_epochs=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert run(config, tmp_path / "interrupted", crash=MID, extra_callbacks=[_Peek()]).crashed
+    restarted = [w for w in caught if "was iterated outside the training loop during fit" in str(w.message)]
+    assert len(restarted) == 1
+    messages, _ = _resume_warnings_from(config, tmp_path)
+    assert [m for m in messages if "The resumed run's first batch, batch_idx 5 of epoch 0, differs" in m]
+
+
+def _resume_warnings_from(config: Config, tmp_path: Path) -> tuple[list[str], Any]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ckpt = checkpoint_path(tmp_path / "interrupted", MID)
+        resumed = run(config, tmp_path / "resumed", ckpt_path=ckpt, seed=2)
+    return [str(warning.message) for warning in caught], resumed
+
+
+class _WarningsBeforeTraining(L.Callback):
+    """Counts the warnings caught so far when the first training batch starts."""
+
+    def __init__(self, caught: list[warnings.WarningMessage], text: str) -> None:
+        self.caught, self.text = caught, text
+        self.before: int | None = None
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self.before is None:
+            self.before = len([w for w in self.caught if self.text in str(w.message)])
+
+
+def test_out_of_order_workers_are_warned_before_training(tmp_path):
+    config = replace(AUGMENTED, in_order=False, max_epochs=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        probe = _WarningsBeforeTraining(caught, "has `in_order=False`")
+        run(config, tmp_path, extra_callbacks=[probe])
+    assert probe.before == 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(replace(config, in_order=True), tmp_path / "in-order")
+    assert not [w for w in caught if "in_order" in str(w.message)]

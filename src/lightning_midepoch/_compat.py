@@ -97,6 +97,7 @@ OTHER_PRIVATE_NAMES = (
     "_starting_state_dict",  # ... the state it loaded, applied at every pass of its epoch (forget_restored_position)
     "_combined_loader_states_to_load",  # the fit loop's stateful loader states, until it loads them
     "_load_state_dicts",  # CombinedLoader: gives its stateful loaders their states (in order)
+    "_fields",  # Python's named tuples: their field names (documented, despite the underscore; _batch_check)
 )
 
 #: torch's private names the worker recording relies on (listed in :data:`OTHER_PRIVATE_NAMES` too), checked on
@@ -562,6 +563,15 @@ def steps_pull_batches(fetcher: object) -> bool:
     """Whether ``training_step`` takes ``dataloader_iter`` and pulls its batches itself (as many as it likes)."""
     stock = getattr(sys.modules[type(fetcher).__module__], "_DataLoaderIterDataFetcher", None)
     return stock is not None and isinstance(fetcher, stock)
+
+
+def held_batches(fetcher: object) -> list[Any]:
+    """The batches a prefetching train data fetcher fetched ahead and has not returned yet (Lightning's ``batches``).
+
+    Each is what the ``CombinedLoader`` returned: ``(batch, batch_idx, dataloader_idx)``. Lightning fetches ahead only
+    for loaders without a length.
+    """
+    return list(getattr(fetcher, "batches", None) or ())
 
 
 def all_batches_reached(epoch_loop: Any) -> bool:

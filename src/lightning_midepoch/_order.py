@@ -143,6 +143,7 @@ class _IndexSamplerRecorder:
         "_midepoch_observing",
         "_midepoch_rng_objects",
         "_replay",
+        "on_outside",
         "on_pass",
         "passes",
         "record",
@@ -155,7 +156,8 @@ class _IndexSamplerRecorder:
     record: _PassRecord | None
     passes: int
     _replay: _Replay | None
-    on_pass: Callable[[int], int] | None
+    on_pass: Callable[[int, Any], list[Any]] | None
+    on_outside: Callable[[], None] | None
 
     def __init__(
         self,
@@ -173,9 +175,11 @@ class _IndexSamplerRecorder:
         object.__setattr__(self, "record", None)  # the current pass
         object.__setattr__(self, "passes", 0)  # passes started since the epoch's loader iterator was created
         object.__setattr__(self, "_replay", None)
-        # called at the first next() of each pass with the items it skips; returns how many empty batches to yield
-        # first (the worker recording of _workers numbers the passes there and shifts a resumed pass's rotation)
+        # called at the first next() of each pass with the items it skips and its first item; returns the items to
+        # yield before it (the worker recording of _workers numbers the passes there and shifts a resumed pass's
+        # rotation with items whose results are dropped)
         object.__setattr__(self, "on_pass", None)
+        object.__setattr__(self, "on_outside", None)  # called when a pass starts outside the training loop
 
     @property
     def inner(self) -> Any:
@@ -226,6 +230,8 @@ class _IndexSamplerRecorder:
     def __iter__(self) -> Iterator[Any]:
         replay = self._replay
         if replay is None and not self._midepoch_observing():
+            if self.on_outside is not None:
+                self.on_outside()
             return iter(self._midepoch_inner)  # iterated outside the training loop: not the epoch's order
         if replay is None:
             previous = self.record
@@ -280,9 +286,16 @@ class _IndexSamplerRecorder:
         return chain.from_iterable(self._announced(iterator, skip, on_pass))
 
     @staticmethod
-    def _announced(iterator: Iterator[Any], skip: int, on_pass: Callable[[int], int]) -> Iterator[Iterable[Any]]:
+    def _announced(
+        iterator: Iterator[Any], skip: int, on_pass: Callable[[int, Any], list[Any]]
+    ) -> Iterator[Iterable[Any]]:
         # a generator: this body runs at the first next(), once the DataLoader iterator has started its workers
-        yield ([] for _ in range(on_pass(skip)))
+        first = next(iterator, _SENTINEL)
+        if first is _SENTINEL:
+            on_pass(skip, None)
+            return
+        yield on_pass(skip, first)
+        yield (first,)
         yield iterator
 
     def _observe(self, iterator: Iterator[Any], record: _PassRecord) -> Iterator[Any]:

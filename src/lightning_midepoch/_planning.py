@@ -85,6 +85,13 @@ class ResumePlanner:
             iter(fetcher)  # on_mismatch="restart_epoch": continue as stock Lightning does
             return
         if plan == "elastic":
+            if self._fingerprinted() and self.session.verify_batch != "off":
+                _compat.info(
+                    "MidEpochResume: this resume continues the epoch on another number of devices, so each rank loads"
+                    " other batches than it did before: the checkpoint's fingerprint of the next batch is not"
+                    " compared.",
+                    trainer,
+                )
             self._start_elastic_epoch(epoch_loop, fetcher, consumed)
             return
         at_epoch_end = self.session.finish_interrupted_batch and epoch_loop.batch_progress.is_last_batch
@@ -115,6 +122,8 @@ class ResumePlanner:
         for index in self._arm_workers(rank_state, workers_to_arm):
             if index in replays:
                 replays[index].new_workers = True
+        if not at_epoch_end:
+            self._expect_batch(epoch, consumed)
         with _rng.isolated_global():
             self._build(fetcher, replays)
         # replaying moved the loaders' own generators back to where the pass started; a pass that draws (again) at
@@ -127,7 +136,7 @@ class ResumePlanner:
             # written at the epoch's last batch: nothing of this epoch is fetched again, but creating its iterator
             # fetched ahead from the datasets that keep their own position; they start the next epoch where they were
             self.restorer.reload_dataset_states(rank_state)
-        if not at_epoch_end and not getattr(fetcher, "batches", None):  # (a fetch ahead was isolated with the build)
+        if not at_epoch_end and not _compat.held_batches(fetcher):  # (a fetch ahead was isolated with the build)
             self.session.resumed_pass.starts_mid_epoch()
         # what was restored holds for this pass only: later passes start afresh, as in the uninterrupted run
         self.session.resumed_pass.positions_given()
@@ -136,6 +145,18 @@ class ResumePlanner:
             # the epoch loop adds the steps it restored to the fetcher's count; the steps pulled `consumed` batches,
             # and the fetcher tells the epoch's end from that count (one step too many otherwise)
             fetcher.fetched += consumed - epoch_loop.batch_progress.current.ready
+
+    def _fingerprinted(self) -> bool:
+        """Whether the checkpoint holds a fingerprint of the next batch (for every rank that saved states)."""
+        ranks = self.loaded[S.KEY_RANKS] if self.loaded is not None else []
+        return any(rank is not None and rank.get(S.KEY_NEXT_BATCH) is not None for rank in ranks)
+
+    def _expect_batch(self, epoch: int, consumed: int) -> None:
+        """Have the first batch fetched compared with this rank's fingerprint of it (every rank takes part)."""
+        if self._fingerprinted():
+            rank_state = self.restorer.rank_state()
+            saved = rank_state.get(S.KEY_NEXT_BATCH) if rank_state is not None else None
+            self.session.batch_check.expect(saved, f"batch_idx {consumed} of epoch {epoch}")
 
     def _leave_finished_passes(self, epoch: int) -> bool:
         """A new epoch after a checkpoint written at an epoch's end or start: stateful loaders continue from there.

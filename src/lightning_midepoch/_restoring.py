@@ -9,6 +9,7 @@ continues is :mod:`lightning_midepoch._planning`'s concern.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection, Mapping, Set
 from typing import TYPE_CHECKING, Any
 
@@ -207,10 +208,15 @@ class Restorer:
 
     def _restore_dataset_generators(self, rank_state: Mapping[str, Any] | None) -> None:
         """Set the generators of the datasets read in the main process to their states (they draw as they load)."""
-        current = self.session.saver.dataset_generators
+        saver = self.session.saver
+        saved = rank_state.get(S.KEY_DATASET_GENERATORS) if rank_state is not None else None
+        for index, states in enumerate(saved or []):
+            in_main = index < len(self.session.loaders) and not getattr(self.session.loaders[index], "num_workers", 0)
+            if in_main and states and any(path not in saver.dataset_generators.get(index, {}) for path in states):
+                self._create_lazy_generators(index)
+        current = saver.dataset_generators
         if rank_state is None or not current:
             return
-        saved = rank_state.get(S.KEY_DATASET_GENERATORS)
         for index, objects in current.items():
             states = saved[index] if saved is not None and index < len(saved) else None
             if states is None:
@@ -219,6 +225,20 @@ class Restorer:
             missing = _rng.restore_objects(objects, states)
             if missing:
                 self._warn_missing_generators(index, missing)
+
+    def _create_lazy_generators(self, index: int) -> None:
+        """Have loader ``index``'s dataset create the generators it creates on its first sample: load sample 0 once.
+
+        The original dataset had created them by the checkpoint; this one has not yet. The sample is loaded with the
+        process-wide states kept still, and its draws from the new generators are overwritten by their saved states.
+        """
+        dataset = self.session.loaders[index].dataset
+        with _rng.isolated_global(), contextlib.suppress(Exception):  # (still missing then: reported)
+            if callable(getattr(dataset, "__getitems__", None)):
+                dataset.__getitems__([0])
+            else:
+                dataset[0]
+        self.session.saver.find_dataset_generators(index)
 
     def _warn_unsaved_dataset_generators(self, index: int, paths: list[str]) -> None:
         _compat.warn(

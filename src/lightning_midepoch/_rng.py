@@ -7,8 +7,10 @@ ints, floats, strings, lists and dicts, so that they survive ``torch.load(..., w
 from __future__ import annotations
 
 import ctypes  # only to copy the state numpy documents at BitGenerator.ctypes.state_address
+import inspect
 import random
-from collections.abc import Iterator, Mapping
+import types
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache
 from typing import Any
@@ -25,6 +27,8 @@ _OWNER_ATTRS = ("generator", "rng", "_rng", "random_state", "_generator")
 _CHILD_ATTRS = ("sampler", "batch_sampler")
 #: How many links of a sampler chain are followed from a root (a DataLoader, its index sampler).
 _DEPTH = 6
+#: How many links from a dataset the search for its generators follows (a pipeline, its steps, what they hold).
+_DATASET_DEPTH = 4
 #: Lists, tuples and dicts with at most this many items are searched too (longer ones hold data).
 _CONTAINER_ITEMS = 16
 
@@ -319,8 +323,23 @@ def _is_link(name: str, value: Any) -> bool:
     return any(isinstance(attribute, Sampler) for attribute in _attributes(value).values())
 
 
-def _walk(roots: Mapping[str, Any], depth: int | None) -> tuple[dict[str, Any], list[str]]:
+def _is_part(name: str, value: Any) -> bool:
+    """Whether the search through a dataset follows ``value``: an object of its own (a transform, a pipeline's step).
+
+    Plain Python objects only: not data (tensors, arrays), not classes, functions, modules or live iterators.
+    """
+    if value is None or _is_rng_object(value) or isinstance(value, (torch.Tensor, np.ndarray)):
+        return False
+    if isinstance(value, (type, Iterator, types.ModuleType)) or inspect.isroutine(value):
+        return False
+    return bool(_attributes(value))
+
+
+def _walk(
+    roots: Mapping[str, Any], depth: int | None, follow: Callable[[str, Any], bool] | None = None
+) -> tuple[dict[str, Any], list[str]]:
     depth = _DEPTH if depth is None else depth
+    follow = _is_link if follow is None else follow
     found: dict[str, Any] = {}
     beyond: list[str] = []
     seen: set[int] = set()
@@ -336,7 +355,7 @@ def _walk(roots: Mapping[str, Any], depth: int | None) -> tuple[dict[str, Any], 
                 seen.add(id(value))
                 found[f"{path}.{name}"] = value
         for name, value in members:
-            if not _is_link(name, value):
+            if not follow(name, value):
                 continue
             if level == depth:
                 beyond.append(f"{path}.{name}")
@@ -372,6 +391,32 @@ def find_rng_objects(roots: Mapping[str, Any], depth: int | None = None) -> dict
 
     """
     return _walk(roots, depth)[0]
+
+
+def find_dataset_generators(dataset: Any, root: str = "dataset") -> dict[str, Any]:
+    """Find the random number generators a dataset owns, through the objects it holds.
+
+    Its attributes, the attributes of the objects it holds (a transform pipeline, each of the pipeline's steps), and
+    the items of short lists, tuples and dicts among them, up to :data:`_DATASET_DEPTH` links from the dataset. Only
+    attribute access: nothing is called. A dataset read in workers is searched in each worker at every batch, so that
+    a generator its copy creates there (on its first sample, say) is found too.
+
+    Example:
+        >>> class Jitter:
+        ...     def __init__(self) -> None:
+        ...         self.rng = np.random.default_rng(0)
+        >>> class Compose:
+        ...     def __init__(self, *steps: object) -> None:
+        ...         self.transforms = list(steps)
+        >>> class Images(torch.utils.data.Dataset):
+        ...     def __init__(self) -> None:
+        ...         self.transform = Compose(Jitter(), Jitter())
+        ...         self.generators = {"crop": torch.Generator()}
+        >>> sorted(find_dataset_generators(Images()))
+        ['dataset.generators.crop', 'dataset.transform.transforms.0.rng', 'dataset.transform.transforms.1.rng']
+
+    """
+    return _walk({root: dataset}, _DATASET_DEPTH, _is_part)[0]
 
 
 def out_of_reach(roots: Mapping[str, Any], depth: int | None = None) -> list[str]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lightning_midepoch import _compat, _rng
+from lightning_midepoch import _batch_check, _compat, _rng
 from lightning_midepoch import _state as S
 from lightning_midepoch.__about__ import __version__
 
@@ -60,6 +60,7 @@ class Saver:
         # per loader without workers: the generators its dataset owns (by path), and their states before the fetch
         self.dataset_generators: dict[int, dict[str, Any]] = {}
         self.dataset_generators_at_fetch: dict[int, dict[str, Any]] = {}
+        self._in_chains: set[int] = set()  # generators the sampler chains hold (their pass records restore them)
         # the states Lightning gives them on a mid-epoch resume, until the resumed pass has fetched
         self.loaded_loader_states: list[Any] = []
         self.epoch_start: dict[str, Any] | None = None  # before on_train_epoch_start
@@ -85,13 +86,24 @@ class Saver:
         self.follows_positions = bool(self.dataset_history or self.loader_history)
         # (one that the sampler chain holds too is the pass records' to restore)
         chains = [recorder.rng_objects.values() if recorder is not None else () for recorder in self.session.recorders]
-        in_chains = {id(obj) for objects in chains for obj in objects}
+        self._in_chains = {id(obj) for objects in chains for obj in objects}
         self.dataset_generators = {}
-        for index, loader in enumerate(loaders):
-            objects = {path: obj for path, obj in _main_process_generators(loader).items() if id(obj) not in in_chains}
-            if objects:
-                self.dataset_generators[index] = objects
         self.dataset_generators_at_fetch = {}
+        self.find_dataset_generators()
+
+    def find_dataset_generators(self, index: int | None = None) -> None:
+        """Search the datasets read in the main process (or loader ``index``'s) for generators they own.
+
+        Searched when the loaders are set up, and again at each checkpoint and before a resume: a dataset may create
+        its generator on its first sample.
+        """
+        for position, loader in enumerate(self.session.loaders):
+            if index is not None and position != index:
+                continue
+            found = _main_process_generators(loader)
+            objects = {path: obj for path, obj in found.items() if id(obj) not in self._in_chains}
+            if objects:
+                self.dataset_generators[position] = objects
         self.fetch_work = self.follows_positions or bool(self.dataset_generators)
 
     def epoch_started(self) -> None:
@@ -182,6 +194,7 @@ class Saver:
 
     def _snapshot_now(self, stopped: bool, ranks_together: bool = False) -> Snapshot:
         trainer, session = self.session.trainer, self.session
+        self.find_dataset_generators()  # (one created since, on a first sample, is saved from now on)
         passes: list[dict[str, Any] | None] = [
             recorder.record.state_dict()
             if recorder is not None and recorder.record is not None
@@ -206,11 +219,13 @@ class Saver:
             ]
         if session.workers.loaders:
             epoch_ended = bool(session.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
-            rank_state[S.KEY_WORKERS] = session.workers.state_dict(self._worker_positions(), epoch_ended)
+            # (handling an exception, nothing waits for the workers: they may be gone, or never have started)
+            wait = not _compat.interrupted(trainer)
+            rank_state[S.KEY_WORKERS] = session.workers.state_dict(self._worker_positions(), epoch_ended, wait)
         fetcher = self.session.fetcher
         fetched = 0
         if fetcher is not None and fetcher.iterator is not None:
-            fetched = fetcher.fetched - len(getattr(fetcher, "batches", ()))
+            fetched = fetcher.fetched - len(_compat.held_batches(fetcher))
         facts = {
             S.KEY_VERSION: S.STATE_VERSION,
             S.KEY_PACKAGE_VERSION: __version__,
@@ -228,8 +243,19 @@ class Saver:
             else None,
             S.KEY_LOADERS: [S.loader_facts(loader) for loader in self.session.loaders],
         }
-        own_only = _compat.interrupted(trainer) and not ranks_together
+        interrupted = _compat.interrupted(trainer)
+        if not (inside_batch or interrupted or self._inside_epoch_start()):
+            # last: a fetch ahead (see _Session.upcoming_batch) must not change what the rest of the state reads
+            rank_state[S.KEY_NEXT_BATCH] = self._next_batch(fetch_ahead=not stopped)
+        own_only = interrupted and not ranks_together
         return Snapshot(facts, rank_state, trainer.global_rank, trainer.world_size, own_only)
+
+    def _next_batch(self, fetch_ahead: bool) -> dict[str, Any] | None:
+        """The fingerprint of the batch a resumed run fetches first, where it is in hand (None: not checked)."""
+        if self.session.verify_batch == "off":
+            return None
+        found, batch = self.session.upcoming_batch(fetch_ahead)
+        return _batch_check.fingerprint(batch) if found else None
 
     def _worker_positions(self) -> dict[int, int]:
         """Per loader with workers: the batches of its current pass a resumed run does not fetch again."""
@@ -237,7 +263,7 @@ class Saver:
         fetcher = session.fetcher
         batch = session.trainer.fit_loop.epoch_loop.batch_progress.current
         if _compat.steps_pull_batches(fetcher):  # steps pull their batches: the fetcher counts them
-            consumed = fetcher.fetched - len(getattr(fetcher, "batches", ())) if fetcher is not None else 0
+            consumed = fetcher.fetched - len(_compat.held_batches(fetcher)) if fetcher is not None else 0
         else:
             # as the resumed run counts them; written inside a batch, Lightning fetches that batch again
             consumed = batch.ready - (1 if batch.processed < batch.ready else 0)  # type: ignore[attr-defined]
@@ -300,7 +326,7 @@ class Saver:
     def _pending_state(self, history: deque[tuple[int, Any]], current: Any) -> Any:
         """From a history of states before fetches: the state before the first fetch a resumed run makes again."""
         fetcher = self.session.fetcher
-        pending = len(getattr(fetcher, "batches", ()))  # fetched ahead, not consumed yet
+        pending = len(_compat.held_batches(fetcher))  # fetched ahead, not consumed yet
         batch = self.session.trainer.fit_loop.epoch_loop.batch_progress.current
         if batch.processed < batch.ready and not _compat.steps_pull_batches(fetcher):  # type: ignore[attr-defined]
             pending += 1  # written inside a batch: Lightning fetches that batch again
@@ -438,7 +464,7 @@ def _main_process_generators(loader: Any) -> dict[str, Any]:
     """
     if getattr(loader, "num_workers", 0) or getattr(loader, "dataset", None) is None:
         return {}
-    return _rng.find_rng_objects({"dataset": loader.dataset})
+    return _rng.find_dataset_generators(loader.dataset)
 
 
 def _saves_dataset_state(loader: Any) -> bool:

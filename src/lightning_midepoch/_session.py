@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
+import torch
+from torch.utils.data import DataLoader
+
 from lightning_midepoch import _compat, _rng, _workers
 from lightning_midepoch import _state as S
-from lightning_midepoch._fetchers import _FetchingCombinedLoader, _ResumableDataFetcher
+from lightning_midepoch._batch_check import BatchCheck, VerifyBatch
+from lightning_midepoch._fetchers import EXHAUSTED, Ahead, States, _FetchingCombinedLoader, _ResumableDataFetcher
 from lightning_midepoch._loops import _ResumableFitLoop, _ResumableTrainingEpochLoop
 from lightning_midepoch._mixin import mix_in, mixed_copy, unmix
 from lightning_midepoch._order import _IndexSamplerRecorder
@@ -35,9 +39,10 @@ OnMismatch = Literal["raise", "restart_epoch"]
 class _Session:
     """The state and actions of mid-epoch resume for one trainer during one ``fit``."""
 
-    def __init__(self, trainer: Trainer, on_mismatch: OnMismatch) -> None:
+    def __init__(self, trainer: Trainer, on_mismatch: OnMismatch, verify_batch: VerifyBatch = "warn") -> None:
         self.trainer = trainer
         self.on_mismatch = on_mismatch
+        self.verify_batch = verify_batch
         self.loaders: list[Any] = []
         self.recorders: list[_IndexSamplerRecorder | None] = []
         self.combined_loader: CombinedLoader | None = None
@@ -56,6 +61,8 @@ class _Session:
         self.trained = False  # the fit loop has set up its data: restores from now on are a tuner's, not a resume
         self.out_of_reach: dict[int, list[str]] = {}  # per loader: where the search for its generators stopped
         self.workers = _workers.WorkerStates()  # the random states inside the train loaders' worker processes
+        self.ahead: Ahead | None = None  # the next batch, fetched at a checkpoint to fingerprint it
+        self.batch_check = BatchCheck(verify_batch, self._report_batch, self._agree)
         # the parts
         self.resumed_pass = ResumedPass(self)  # loaders that keep a position for one pass, or start lazily
         self.saver = Saver(self)  # what checkpoints save
@@ -93,6 +100,7 @@ class _Session:
 
     def uninstall(self) -> None:
         """Give the trainer its stock loops and the loaders their own index samplers back."""
+        self.ahead = None
         self._restore_samplers()
         for obj, original in reversed(self._originals):
             unmix(obj, original)
@@ -136,7 +144,34 @@ class _Session:
         }
         self.recorders = [self._install_recorder(loader) for loader in self.loaders]
         self.saver.attach(self.loaders)
-        self.workers.attach(self.loaders, self.recorders)
+        self.workers.attach(self.loaders, self.recorders, self.in_training_fetch)
+        for index, loader in enumerate(self.loaders):
+            if isinstance(loader, DataLoader) and loader.num_workers > 0 and getattr(loader, "in_order", True) is False:
+                self._warn_out_of_order(index)
+            recorder = self.recorders[index]
+            if recorder is not None and _workers.persist(recorder, loader):
+                recorder.on_outside = lambda index=index: self._warn_training_pass_restarted(index)
+
+    def _warn_out_of_order(self, index: int) -> None:
+        self.warn(
+            f"Train dataloader {index} has `in_order=False`: its workers' batches arrive in the order they finish,"
+            " which differs from run to run, so an epoch has no order that a resume could continue. A checkpoint"
+            " written in the middle of an epoch resumes by skipping the first batches of the sampler's order, which are"
+            " not the batches this run trained on (some samples are trained on twice, others not at all), and the"
+            " workers' random states are not those of the batches they produce. Keep `in_order=True` (the default) to"
+            " resume exactly."
+        )
+
+    def _warn_training_pass_restarted(self, index: int) -> None:
+        """A pass of a persistent-workers loader started outside the training loop: it restarts the training's."""
+        if _compat.workers_started(self.loaders[index]):
+            self.warn(
+                f"Train dataloader {index} was iterated outside the training loop during fit (a callback's"
+                " `iter(trainer.train_dataloader)`, say). With `persistent_workers=True` a DataLoader has one iterator,"
+                " so this restarted the pass the training loop is taking: the rest of this epoch trains on a new pass,"
+                " as in stock Lightning, and a checkpoint written before the epoch ends cannot be resumed exactly (the"
+                " resumed run warns). Iterate a copy of the loader, or one with `persistent_workers=False`."
+            )
 
     def before_fetch(self) -> None:
         """Called right before every fetch of a training batch."""
@@ -191,8 +226,86 @@ class _Session:
                 object.__setattr__(loader, attribute, recorder.inner)
         self.loaders, self.recorders = [], []
 
+    def warn(self, message: str) -> None:
+        """Warn once per message (rank zero, through Lightning's channel)."""
+        _compat.warn(message, self.trainer, self.warned)
+
+    # ------------------------------------------------------------------ the next batch's fingerprint
+    def upcoming_batch(self, fetch_ahead: bool = True) -> tuple[bool, Any]:
+        """The batch the training loop fetches next, if it can be had now without changing the run: ``(found, batch)``.
+
+        Lightning's fetcher holds it where the train loaders have no length (it fetches one ahead to know the epoch's
+        end). Otherwise, with ``fetch_ahead``, it is fetched now and kept for the training loop's next fetch, where
+        that changes nothing the run does. Loaders with workers produce the same batches whenever they are taken (the
+        main process only hands out indices). A loader without workers loads in the main process and draws its
+        augmentation there: its random states are set back after the fetch and moved on by the training loop's fetch
+        (:class:`~lightning_midepoch._fetchers.Ahead`), which is the same run unless something draws between the
+        checkpoint and that fetch, as a validation does: none may follow. Never at an epoch's last batch (the resumed
+        run starts the next epoch), nor where positions are followed at each fetch.
+        """
+        fetcher = self.fetcher
+        if fetcher is None or _compat.all_batches_reached(self.trainer.fit_loop.epoch_loop):
+            return False, None
+        held = _compat.held_batches(fetcher)
+        if held:
+            return True, held[0][0]
+        if self.ahead is None:
+            if not (fetch_ahead and self._may_fetch_ahead()):
+                return False, None
+            states = States(self._fetch_states, self._set_fetch_states)
+            self.ahead = self.combined_loader.fetch_ahead(states)  # type: ignore[union-attr]
+        if self.ahead.result is EXHAUSTED:
+            return False, None
+        return True, self.ahead.result[0]
+
+    def _may_fetch_ahead(self) -> bool:
+        fetcher, combined_loader = self.fetcher, self.combined_loader
+        if fetcher is None or combined_loader is None or fetcher.iterator is None or fetcher.done:
+            return False
+        if self.iterator_held or _compat.steps_pull_batches(fetcher):
+            return False
+        if self.saver.follows_positions or self.resumed_pass.lazy_starts:
+            return False
+        if len(self.loaders) > 1 and _compat.combined_mode(combined_loader) == "max_size_cycle":
+            return False  # a shorter loader may start over inside the fetch
+        if not all(isinstance(loader, DataLoader) for loader in self.loaders):
+            return False
+        in_main = any(loader.num_workers == 0 for loader in self.loaders)
+        return not (in_main and _compat.validation_follows(self.trainer, fetcher))
+
+    def _fetch_states(self) -> dict[str, Any]:
+        """The random states a fetch may draw from in the main process: the process-wide ones, the datasets' own."""
+        generators = self.saver.dataset_generators
+        return {
+            "global": _rng.capture_global(),
+            "datasets": {index: _rng.capture_objects(objects) for index, objects in generators.items()},
+        }
+
+    def _set_fetch_states(self, states: dict[str, Any]) -> None:
+        _rng.restore_global(states["global"])
+        for index, objects in self.saver.dataset_generators.items():
+            _rng.restore_objects(objects, states["datasets"][index])
+
+    def _report_batch(self, message: str, fail: bool) -> None:
+        if fail:
+            raise S.MidEpochResumeError(
+                f'{message} (This is an error because of MidEpochResume(verify_batch="raise"); "warn" continues.)'
+            )
+        self.warn(message)
+
+    def _agree(self, differs: bool) -> list[bool]:
+        """Every rank's outcome of the resumed batch's check (one collective, which every rank calls)."""
+        trainer = self.trainer
+        if trainer.world_size <= 1:
+            return [differs]
+        flags = [0] * trainer.world_size
+        flags[trainer.global_rank] = int(differs)
+        reduced = trainer.strategy.reduce(torch.tensor(flags, device=trainer.strategy.root_device), reduce_op="sum")
+        return [bool(flag) for flag in reduced.tolist()]
+
     def start_epoch(self) -> None:
         """The train iterator is being created: every recorder's next pass is the epoch's first."""
+        self.ahead = None
         self.resumed_pass.epoch_started()
         self.saver.iterator_started()
         self.workers.epoch_started()

@@ -39,7 +39,11 @@ Layout (version 1)::
              "workers": [                      # per loader (not in 0.2.0): its DataLoader workers' states, or None
                  {"num_workers": int, "workers": [{"state": {"global": ..., "objects": ..., "dataset": ...} | None,
                                                    "seed": int, "init_digest": int}],
-                  "after_pass": [...]} | None]},  # persistent workers at an epoch's end: after all they produced
+                  "after_pass": [...],  # persistent workers at an epoch's end: after all they produced
+                  "sample": int} | None],  # (not in 0.2.0) an index the pass loaded (a resumed worker may
+                                           # load it once, to create the generators its dataset creates lazily)
+             "next_batch": {"digest": str, "leaves": {str: str}} | None},  # (not in 0.2.0) the fingerprint of
+                                   # the batch a resumed run fetches first, where one was in hand (_batch_check)
         ],
     }
 """
@@ -85,6 +89,7 @@ KEY_DATASET_GENERATORS = "dataset_generators"
 KEY_GRADS = "grads"
 KEY_ELASTIC = "elastic"
 KEY_WORKERS = "workers"
+KEY_NEXT_BATCH = "next_batch"
 
 KIND_MAP = "map"
 KIND_ITERABLE = "iterable"

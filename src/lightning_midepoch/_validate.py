@@ -446,11 +446,15 @@ _WORKER = Record(
 #: A train loader's DataLoader workers' states.
 _WORKERS = Record(
     "a loader's worker states",
-    optional={"after_pass": List(_WORKER, what="one per worker"), "next_worker": Int(0)},
+    optional={"after_pass": List(_WORKER, what="one per worker"), "next_worker": Int(0), "sample": Int(0)},
     num_workers=Int(1),
     workers=List(_WORKER, what="one per worker"),
 )
 
+#: The fingerprint of the batch a resumed run fetches first (``_batch_check.fingerprint``).
+_NEXT_BATCH = Record(
+    "a batch's fingerprint", digest=Str(), leaves=DictOf(Str(), what="a description of each part of the batch")
+)
 #: One rank's states; ``None`` for a rank whose states could not be gathered.
 _RANK = Optional(
     Record(
@@ -460,6 +464,7 @@ _RANK = Optional(
             S.KEY_DATASET_GENERATORS: List(
                 Optional(_OBJECTS), what="one dict of generator states or None per train dataloader"
             ),
+            S.KEY_NEXT_BATCH: Optional(_NEXT_BATCH),
         },
         rng=_GLOBAL,
         passes=List(Optional(_PASS), what="one pass record or None per train dataloader"),

@@ -9,7 +9,8 @@ the checkpoint, and receives the batches original worker ``w`` would have receiv
   (:class:`_WorkerInit`: the user's, or Lightning's, runs first) and a wrapped ``collate_fn``
   (:class:`_RecordingCollate`). The wrapper runs in the worker once per batch, right after the user's collate
   function, and copies the worker's states (torch's, numpy's and Python's global generators, and the generators its
-  dataset copy owns) into a ring of slots in shared memory. A slot is keyed by the pass it belongs to (a number the
+  dataset copy owns, searched through the objects it holds at every batch: :func:`_rng.find_dataset_generators`)
+  into a ring of slots in shared memory. A slot is keyed by the pass it belongs to (a number the
   main process raises at each pass's first index, while no worker has work) and by the worker's count of batches in
   that pass. Nothing is drawn and nothing travels with the batches: a run that is never resumed draws and produces
   exactly what it does without the callback, and the main process does no work per batch.
@@ -18,15 +19,19 @@ the checkpoint, and receives the batches original worker ``w`` would have receiv
   pass, or, where that is none, its latest slot before the pass (its start, or its previous pass with persistent
   workers). Each shared-memory set belongs to one DataLoader iterator, so the workers of a replaced iterator that are
   still finishing prefetched batches never write where the current ones do.
-* **Resuming.** The resumed iterator's workers load those states after the init functions ran. A new iterator
-  hands its first batch to worker 0, but the first remaining batch ``k`` went to worker ``k % W``: the resumed pass
-  first yields ``k % W`` empty index lists, which the workers answer without touching the dataset or the generators
-  (the wrapped collate function recognises them, a real batch is never empty), and whose results are dropped as soon
-  as the iterator is created, before Lightning fetches.
+* **Resuming.** The resumed iterator's workers load those states after the init functions ran. A dataset copy that
+  creates a generator on its first sample (a per-worker seeding recipe) does not hold it yet: the worker loads one
+  sample (an index the original pass loaded) to have it created, then loads the states again. A new iterator hands
+  its first batch to worker 0, but the first remaining batch ``k`` went to worker ``k % W``: the resumed pass first
+  yields ``k % W`` tasks that only shift the rotation. Each worker knows how many it gets and answers them by
+  loading its states again; their results are dropped as soon as the iterator is created, before Lightning fetches.
+  They are empty index lists, which reach no code of the dataset, except for a dataset that loads whole batches
+  (``__getitems__``), which is never given an empty list: it gets the pass's first batch of indices.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import pickle
 import random
@@ -53,7 +58,7 @@ WAIT_S = 120.0
 # header fields of a slot
 _SEQ, _PASS, _COUNT, _SIZE = range(4)
 # fields of a worker's start record
-_SEED, _DIGEST, _STARTED = range(3)
+_SEED, _DIGEST, _STARTED, _UNRESTORED = range(4)
 
 #: In a worker process: the recorder of the worker's states (set by the composed ``worker_init_fn``).
 _RECORDER: _WorkerRecorder | None = None
@@ -65,7 +70,9 @@ class _Buffers:
 
     headers: torch.Tensor  # int64 [workers, slots, 4]: sequence number, pass, batches of the pass, bytes (-n: too big)
     data: torch.Tensor  # uint8 [workers, slots, capacity]
-    starts: torch.Tensor  # int64 [workers, 3]: the worker's seed, a digest of its states after the init functions, 1
+    # int64 [workers, 4]: the worker's seed, a digest of its states after the init functions, 1, and (resumed) how
+    # many of the saved generators of its dataset copy it could not find
+    starts: torch.Tensor
     passes: torch.Tensor  # int64 [1]: the number of the pass the main process is dispatching
 
     @classmethod
@@ -73,7 +80,7 @@ class _Buffers:
         tensors = (
             torch.zeros(workers, slots, 4, dtype=torch.int64),
             torch.zeros(workers, slots, capacity, dtype=torch.uint8),
-            torch.zeros(workers, 3, dtype=torch.int64),
+            torch.zeros(workers, 4, dtype=torch.int64),
             torch.full((1,), current_pass, dtype=torch.int64),
         )
         for tensor in tensors:
@@ -118,7 +125,8 @@ class _WorkerRecorder:
     def __init__(self, worker_id: int, buffers: _Buffers, dataset: Any) -> None:
         self.worker_id = worker_id
         self.buffers = buffers
-        self.objects = _rng.find_rng_objects({"dataset": dataset})
+        self.copy = dataset  # this worker's copy of the dataset
+        self.objects = _generators(dataset)
         # an iterable dataset's copy in this worker keeps its own position (its state_dict())
         self.dataset = dataset if saves_position(dataset) else None
         # numpy views of this worker's part of the shared memory: writing through them costs nanoseconds per field
@@ -130,9 +138,15 @@ class _WorkerRecorder:
         self.current_pass, self.count = BEFORE_BATCHES, 0
         # a resumed worker whose data had run out in the interrupted pass: the states to end that pass with
         self.ended_state: Mapping[str, Any] | None = None
+        # a resumed worker: the states it continues from, and how many tasks it answers first by loading them again
+        # (they only shift the rotation, see LoaderWorkers.pass_started)
+        self.resume_state: Mapping[str, Any] | None = None
+        self.prefix = 0
 
     def raw(self, ended: bool = False) -> bytes:
-        # the documented reads (a worker pays them once per batch, beside the work of loading it)
+        # the documented reads (a worker pays them once per batch, beside the work of loading it); the dataset copy
+        # is searched again, so that a generator it created since (on its first sample, say) is recorded too
+        self.objects = _generators(self.copy)
         torch_state = torch.default_generator.get_state().numpy().tobytes()
         global_states = (random.getstate(), np.random.get_state(legacy=False))
         objects = {path: _raw_object_state(obj) for path, obj in self.objects.items()}
@@ -140,12 +154,30 @@ class _WorkerRecorder:
         blob = (torch_state, global_states, objects, position, ended)
         return pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL)
 
-    def load(self, state: Mapping[str, Any]) -> None:
-        """Put the worker in the saved states: its generators, and its dataset copy's position."""
+    def load(self, state: Mapping[str, Any]) -> list[str]:
+        """Put the worker in the saved states: its generators, and its dataset copy's position.
+
+        Returns:
+            The saved generators' paths that its dataset copy does not hold (yet).
+
+        """
+        self.objects = _generators(self.copy)
         _rng.restore_global(state["global"])
-        _rng.restore_objects(self.objects, state["objects"])
+        missing = _rng.restore_objects(self.objects, state["objects"])
         if self.dataset is not None and state.get("dataset") is not None:
             self.dataset.load_state_dict(state["dataset"])
+        return missing
+
+    def rehearse(self, sample: Any) -> None:
+        """Load one sample and drop it: a dataset copy that creates its generators on its first sample creates them.
+
+        The states it draws from are loaded again right after (:meth:`load`). A dataset that only loads whole batches
+        (``__getitems__``) is given a batch of that one sample.
+        """
+        if callable(getattr(self.copy, "__getitems__", None)):
+            self.copy.__getitems__([sample])
+        else:
+            self.copy[sample]
 
     def write(self, blob: bytes) -> None:
         self.seq += 1
@@ -165,6 +197,11 @@ class _WorkerRecorder:
             self.current_pass, self.count = current, 0
         self.count += 1
         self.write(self.raw(ended))
+
+
+def _generators(dataset: Any) -> dict[str, Any]:
+    """The generators a dataset (copy) owns, by path (see :func:`_rng.find_dataset_generators`)."""
+    return _rng.find_dataset_generators(dataset) if dataset is not None else {}
 
 
 class _WorkerInit:
@@ -189,16 +226,28 @@ class _WorkerInit:
         # else (the clock, say): a resumed worker compares with what the original recorded for the same seed
         digest = int.from_bytes(hashlib.blake2b(blob, digest_size=7).digest(), "little")
         payload = self.payloads[worker_id] if self.payloads is not None and worker_id < len(self.payloads) else None
+        unrestored = 0
         if payload is not None:
             state = payload["state"]
-            recorder.load(state)  # before the worker starts iterating its copy of the dataset
+            missing = recorder.load(state)  # before the worker starts iterating its copy of the dataset
+            sample = payload.get("sample")
+            if missing and sample is not None and recorder.dataset is None:
+                # generators the original copy created on its first sample: this copy creates them now, from the
+                # states loaded, which are loaded again into everything once they exist
+                # (the worker must start whatever the sample does: the generators still missing are reported)
+                with contextlib.suppress(Exception):
+                    recorder.rehearse(sample)
+                missing = recorder.load(state)
+            unrestored = len(missing)
             ended = recorder.dataset is not None and bool(state.get("ended"))
             if ended:
                 recorder.ended_state = state
+            recorder.resume_state, recorder.prefix = state, int(payload.get("prefix", 0))
             blob = recorder.raw(ended)
         recorder.write(blob)
         self.buffers.starts[worker_id, _SEED] = info.seed if info is not None else 0
         self.buffers.starts[worker_id, _DIGEST] = digest
+        self.buffers.starts[worker_id, _UNRESTORED] = unrestored
         self.buffers.starts[worker_id, _STARTED] = 1
         _RECORDER = recorder
 
@@ -221,8 +270,12 @@ class _RecordingCollate:
         recorder = _RECORDER
         if recorder is None:  # in the main process (or a worker of a loader started without the composed init)
             return self.inner(batch)
-        if isinstance(batch, list) and not batch:
-            return None  # an empty index list that shifts the rotation of a resumed pass: its result is dropped
+        if recorder.prefix:
+            # a task that shifts the rotation of a resumed pass (its result is dropped): whatever loading it drew
+            # from (a dataset that loads whole batches is given real indices) is undone
+            recorder.prefix -= 1
+            recorder.load(recorder.resume_state)  # type: ignore[arg-type]
+            return None
         if recorder.ended_state is not None:
             state, recorder.ended_state = recorder.ended_state, None
             recorder.load(state)
@@ -349,6 +402,14 @@ class _Rotated:
         return waiting[turn].popleft()
 
 
+def _batches(loader: Any) -> int:
+    """The batches of a pass of a map-style loader (``len``), or a number no position reaches if it has none."""
+    try:
+        return len(loader)
+    except TypeError:
+        return 2**62
+
+
 def worker_batches(start: int, end: int, worker: int, workers: int) -> int:
     """How many of a pass's batches ``start <= j < end`` went to ``worker`` (batch ``j`` goes to ``j % workers``).
 
@@ -365,15 +426,18 @@ def worker_batches(start: int, end: int, worker: int, workers: int) -> int:
 class LoaderWorkers:
     """One train loader's worker recording: installed on the loader, read at checkpoints, armed on resume."""
 
-    def __init__(self, index: int, loader: Any) -> None:
+    def __init__(self, index: int, loader: Any, observing: Callable[[], bool] = lambda: True) -> None:
         self.index = index
         self.loader = loader
+        self.observing = observing  # whether the training loop is creating its iterator (its fetcher's)
+        self.wait_s = WAIT_S  # how long a checkpoint waits for a worker's state (see state_dict)
         self.workers = int(loader.num_workers)
         self.slots = int(loader.prefetch_factor or 2) + SPARE_SLOTS
         probe = _WorkerRecorder.__new__(_WorkerRecorder)
-        probe.objects = _rng.find_rng_objects({"dataset": loader.dataset})
+        probe.copy = loader.dataset
         probe.dataset = loader.dataset if saves_position(loader.dataset) else None
-        self.capacity = 2 * len(probe.raw()) + 16384
+        # room for generators the copies create in the workers, too (a numpy Mersenne Twister takes about 5 kB)
+        self.capacity = 2 * len(probe.raw()) + 65536
         self.current_pass = 0
         self.pass_start = 0  # the pass's first batch (its consumed batches were skipped on resume)
         self.dropped = 0  # results of empty index lists to drop from the next iterator
@@ -382,8 +446,11 @@ class LoaderWorkers:
         self.next_pass_start = 0  # an iterable's next pass starts here (its resumed pass: the first batch not consumed)
         self.pass_turn = 0  # an iterable's current pass: the worker its first batch came from
         self.sources = bytearray()  # an iterable's current pass: the worker of each batch, in the order returned
-        self.prefix = 0  # empty index lists the next pass yields first
+        self.prefix = 0  # tasks the next pass yields first, to shift its rotation (their results are dropped)
         self.shifted = 0  # ... and those the current pass yielded
+        # a dataset that loads whole batches (``__getitems__``) is given real indices to shift with: never an empty list
+        self.batches_only = callable(getattr(loader.dataset, "__getitems__", None))
+        self.sample: int | None = None  # an index of the current pass: a resumed worker may load it once (rehearse)
         self.buffers = _Buffers.allocate(self.workers, self.slots, self.capacity, self.current_pass)
         self.originals = (loader.worker_init_fn, loader.collate_fn)
         self.init = _WorkerInit(loader.worker_init_fn, self.buffers)
@@ -398,6 +465,8 @@ class LoaderWorkers:
         _compat.unwrap_iterator_creation(self.loader)
 
     def _new_iterator(self, create: Callable[[], Any]) -> Any:
+        if not self.observing():
+            return self._other_iterator(create)
         # a new iterator starts new workers: they write into memory of their own
         self.buffers = _Buffers.allocate(self.workers, self.slots, self.capacity, self.current_pass)
         self.init.buffers = self.buffers
@@ -410,8 +479,27 @@ class LoaderWorkers:
             next(iterator)
         return iterator
 
-    def pass_started(self, skip: int) -> int:
-        """At the first index of a pass (no worker has work then): number it; returns the empty lists to yield first."""
+    def _other_iterator(self, create: Callable[[], Any]) -> Any:
+        """An iterator the training loop does not use (a callback peeking at ``trainer.train_dataloader``).
+
+        Its workers start from their own states and write into memory no checkpoint reads: a checkpoint only ever
+        waits for the workers of the training loop's iterator.
+        """
+        init = self.init
+        buffers, payloads = init.buffers, init.payloads
+        init.buffers, init.payloads = _Buffers.allocate(self.workers, self.slots, self.capacity, BEFORE_BATCHES), None
+        try:
+            return create()
+        finally:
+            init.buffers, init.payloads = buffers, payloads
+
+    def pass_started(self, skip: int, first: Any = None) -> list[Any]:
+        """At the first index of a pass (no worker has work then): number it; returns the tasks to yield first.
+
+        Those shift a resumed pass's rotation: empty index lists, which reach no code of the dataset, or, for a
+        dataset that loads whole batches, the pass's first batch of indices (its copy in the worker is put back in
+        its states right after). ``first`` is the pass's first item (None: the pass is empty).
+        """
         self.current_pass += 1
         self.buffers.passes[0] = self.current_pass
         self.pass_start = skip
@@ -419,25 +507,36 @@ class LoaderWorkers:
         del self.sources[:]
         prefix, self.prefix = self.prefix, 0
         self.shifted = prefix
-        return prefix
+        index = first[0] if isinstance(first, list) and first else first
+        if isinstance(index, int) and not isinstance(index, bool):
+            self.sample = index
+        if not self.batches_only:
+            return [[]] * prefix
+        # (a pass with nothing left is not shifted: see arm)
+        return [first if first is not None else [self.sample]] * prefix
 
     # ------------------------------------------------------------------ saving
-    def state_dict(self, consumed: int, pass_ended: bool = False) -> dict[str, Any]:
+    def state_dict(self, consumed: int, pass_ended: bool = False, wait: bool = True) -> dict[str, Any]:
         """The states each worker continues from after ``consumed`` batches of the current pass.
 
         With persistent workers at a pass's end (``pass_ended``) the workers also produced the batches prefetched
         beyond the last one trained (an epoch cut short by ``limit_train_batches``, say), which the uninterrupted
-        run discarded: the next pass continues from their states after those (``"after_pass"``).
+        run discarded: the next pass continues from their states after those (``"after_pass"``). Without ``wait``
+        (while the fit handles an exception: the workers may be gone, or never have started) a state not written yet
+        is recorded as missing at once.
         """
+        self.wait_s = WAIT_S if wait else 0.0
         workers = []
         for worker in range(self.workers):
             batches = self._batches_of(worker, consumed)
             blob = self._wait_for(worker, batches)
-            seed, digest, _ = self.buffers.starts[worker].tolist()
+            seed, digest, *_ = self.buffers.starts[worker].tolist()
             workers.append(
                 {"state": _decode(blob) if blob is not None else None, "seed": int(seed), "init_digest": int(digest)}
             )
         state: dict[str, Any] = {"num_workers": self.workers, "workers": workers}
+        if self.sample is not None:
+            state["sample"] = self.sample
         if self.iterable:
             taken = consumed - self.pass_start
             last = self.sources[taken - 1] if 0 < taken <= len(self.sources) else None
@@ -489,7 +588,7 @@ class LoaderWorkers:
         return blob if int(self.buffers.headers[worker, slot, _SEQ]) == seq else False
 
     def _wait_for(self, worker: int, batches: int) -> bytes | None:
-        deadline = time.monotonic() + WAIT_S
+        deadline = time.monotonic() + self.wait_s
         while True:
             found = self._find(worker, batches)
             if found is not False:
@@ -510,7 +609,8 @@ class LoaderWorkers:
             saved = {**saved, "workers": saved["after_pass"]}  # a new pass: after everything the workers produced
         if any(worker["state"] is None for worker in saved["workers"]):
             return "the checkpoint holds no states for some of its workers (they were not recorded in time)"
-        shift = skip % self.workers if continues_pass else 0
+        # a pass with nothing left (a checkpoint after its last batch) yields no batch a rotation would route
+        shift = skip % self.workers if continues_pass and skip < _batches(self.loader) else 0
         if self.iterable:
             if not continues_pass:
                 return "its dataset's position at the end of an epoch is not recorded (it is read in workers)"
@@ -520,7 +620,12 @@ class LoaderWorkers:
             return None
         if shift and self.loader.batch_sampler is None:
             return "it has no batch sampler (batch_size=None), so its resumed batches cannot go to the same workers"
-        self.init.payloads = list(saved["workers"])
+        # worker w < shift answers one task first (see pass_started); a generator its copy creates on its first
+        # sample is created from `sample` (see _WorkerInit)
+        sample = saved.get("sample")
+        self.init.payloads = [
+            {**worker, "prefix": int(index < shift), "sample": sample} for index, worker in enumerate(saved["workers"])
+        ]
         self.prefix = self.dropped = shift
         return None
 
@@ -534,11 +639,18 @@ class LoaderWorkers:
         while not bool(starts[:, _STARTED].all()) and time.monotonic() < deadline:
             time.sleep(0.001)
         for worker, payload in enumerate(payloads):
-            seed, digest, started = starts[worker].tolist()
+            seed, digest, started, unrestored = starts[worker].tolist()
             if payload is not None and started and seed == payload["seed"] and digest != payload["init_digest"]:
                 return (
                     f"its worker_init_fn left worker {worker} in other random states than the original worker's with"
                     " the same seed (it seeds from something other than its worker id and seed, such as the clock)"
+                )
+            if payload is not None and started and unrestored:
+                paths = sorted(set(payload["state"]["objects"]))
+                return (
+                    f"worker {worker}'s copy of its dataset holds none of {unrestored} of the generators the original"
+                    f" worker's copy drew from ({', '.join(paths)}), even after loading a first sample (it creates"
+                    " them later, or under other names)"
                 )
         return None
 
@@ -549,15 +661,21 @@ class WorkerStates:
     def __init__(self) -> None:
         self.loaders: dict[int, LoaderWorkers] = {}
 
-    def attach(self, loaders: Sequence[Any], recorders: Sequence[Any]) -> None:
-        """Record the workers of every map-style train loader that has them (its index sampler is recorded)."""
+    def attach(
+        self, loaders: Sequence[Any], recorders: Sequence[Any], observing: Callable[[], bool] = lambda: True
+    ) -> None:
+        """Record the workers of every map-style train loader that has them (its index sampler is recorded).
+
+        ``observing`` says whether the training loop is creating its train iterator: only that iterator's workers
+        are recorded (see :meth:`LoaderWorkers._other_iterator`).
+        """
         self.detach()
         for index, (loader, recorder) in enumerate(zip(loaders, recorders, strict=True)):
             if not isinstance(loader, DataLoader):  # a list of batches, a generator: nothing runs in workers
                 continue
             iterable = recorder is None and S.loader_kind(loader) == S.KIND_ITERABLE and saves_position(loader.dataset)
             if (recorder is not None or iterable) and loader.num_workers > 0:
-                workers = LoaderWorkers(index, loader)
+                workers = LoaderWorkers(index, loader, observing)
                 self.loaders[index] = workers
                 if recorder is not None:
                     recorder.on_pass = workers.pass_started
@@ -600,11 +718,13 @@ class WorkerStates:
         problems = {index: workers.resumed() for index, workers in self.loaders.items()}
         return {index: problem for index, problem in problems.items() if problem is not None}
 
-    def state_dict(self, positions: Mapping[int, int], epoch_ended: bool = False) -> list[dict[str, Any] | None]:
+    def state_dict(
+        self, positions: Mapping[int, int], epoch_ended: bool = False, wait: bool = True
+    ) -> list[dict[str, Any] | None]:
         """Per loader, its workers' states after ``positions[index]`` batches of its current pass."""
         count = max([*self.loaders, -1]) + 1
         return [
-            self.loaders[index].state_dict(positions[index], epoch_ended)
+            self.loaders[index].state_dict(positions[index], epoch_ended, wait)
             if index in self.loaders and index in positions
             else None
             for index in range(count)

@@ -14,6 +14,7 @@ from typing_extensions import override
 
 from lightning_midepoch import _compat
 from lightning_midepoch import _state as S
+from lightning_midepoch._batch_check import VerifyBatch
 from lightning_midepoch._preemption import Agreement, SignalDeferral, candidate_signals
 from lightning_midepoch._saving import Snapshot
 from lightning_midepoch._session import OnMismatch, _Session
@@ -72,6 +73,13 @@ class MidEpochResume(_CallbackBase):
             was written. ``"raise"`` (default) stops with a :class:`~lightning_midepoch.MidEpochResumeError` saying
             what differs (or which field is damaged); ``"restart_epoch"`` warns and continues the interrupted epoch
             from a freshly started order, as stock Lightning does (a damaged state is then set aside entirely).
+        verify_batch: What to do when the first batch a resumed run fetches differs from the batch the checkpoint
+            was written before (the checkpoint carries its fingerprint, where one was in hand: see the guide's
+            "A resume that checks itself"). The batch differs when randomness outside the callback's reach shaped
+            it (a generator at module level), or the dataset or its transforms changed. ``"warn"`` (default) warns
+            before the resumed run trains on it, naming the batch and the differing parts; ``"raise"`` stops with a
+            :class:`~lightning_midepoch.MidEpochResumeError` instead; ``"off"`` neither saves fingerprints nor
+            compares them.
 
     Example:
         >>> import lightning as L
@@ -81,12 +89,15 @@ class MidEpochResume(_CallbackBase):
 
     """
 
-    def __init__(self, on_mismatch: OnMismatch = "raise") -> None:
+    def __init__(self, on_mismatch: OnMismatch = "raise", verify_batch: VerifyBatch = "warn") -> None:
         _adopt_imported_namespaces()
         super().__init__()
         if on_mismatch not in get_args(OnMismatch):
             raise ValueError(f"`on_mismatch` must be one of {list(get_args(OnMismatch))}, got {on_mismatch!r}.")
+        if verify_batch not in get_args(VerifyBatch):
+            raise ValueError(f"`verify_batch` must be one of {list(get_args(VerifyBatch))}, got {verify_batch!r}.")
         self.on_mismatch: OnMismatch = on_mismatch
+        self.verify_batch: VerifyBatch = verify_batch
         self._session: _Session | None = None
         # where the latest fit of this trainer stopped: what a checkpoint written after it records
         self._final: Snapshot | None = None
@@ -101,7 +112,7 @@ class MidEpochResume(_CallbackBase):
         _compat.check_supported(trainer)
         self._finish()  # a fit of this trainer that ended without teardown (an exception) left nothing installed
         self._final = None
-        self._session = _Session(trainer, self.on_mismatch)
+        self._session = _Session(trainer, self.on_mismatch, self.verify_batch)
         self._session.install()
         environment = _compat.cluster_environment(trainer)
         self._deferral = SignalDeferral(candidate_signals(getattr(environment, "requeue_signal", None)))

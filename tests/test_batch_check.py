@@ -162,6 +162,17 @@ def test_every_rank_learns_the_outcome_before_any_raises():
     assert (quiet_asked, quiet_reports) == ([False], [])
 
 
+def test_the_check_ends_with_the_resumed_iterator():
+    """The resumed iterator's first batch is compared; if it had none, the next iterator's is not."""
+    check, reports, asked = _check("warn", [])
+    check.expect(fingerprint({"x": torch.ones(2)}), "batch_idx 5 of epoch 0")
+    check.iterator_started()  # the resumed epoch's iterator
+    assert check.armed
+    check.iterator_started()  # the next epoch's: the resumed one ended without a batch
+    check.fetched({"x": torch.zeros(2)})
+    assert (reports, asked) == ([], [])
+
+
 def test_off_is_never_armed():
     check, reports, asked = _check("off", [])
     check.expect(fingerprint({"x": torch.ones(2)}), "batch_idx 5 of epoch 0")

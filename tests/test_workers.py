@@ -444,13 +444,18 @@ class _WarningsBeforeTraining(L.Callback):
             self.before = len([w for w in self.caught if self.text in str(w.message)])
 
 
-def test_out_of_order_workers_are_warned_before_training(tmp_path):
+def test_out_of_order_workers_are_warned_before_training(monkeypatch, tmp_path):
+    """Warned before the first batch; their states are not recorded (a worker's share of the batches is not known),
+    so nothing ever waits for one (counted)."""
+    looks: list[int] = []
+    monkeypatch.setattr(W.LoaderWorkers, "_find", lambda self, worker, batches: looks.append(worker))
     config = replace(AUGMENTED, in_order=False, max_epochs=1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         probe = _WarningsBeforeTraining(caught, "has `in_order=False`")
         run(config, tmp_path, extra_callbacks=[probe])
     assert probe.before == 1
+    assert looks == []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run(replace(config, in_order=True), tmp_path / "in-order")

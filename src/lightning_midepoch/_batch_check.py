@@ -138,10 +138,18 @@ class BatchCheck:
         self.expected: Mapping[str, Any] | None = None  # this rank's saved fingerprint
         self.armed = False
         self.where = ""  # the batch, as a message names it
+        self.iterators = 0  # train iterators started since expect(): the batch is the resumed one's first
 
     def expect(self, saved: Mapping[str, Any] | None, where: str) -> None:
         """Compare the next batch fetched with ``saved`` (None on a rank that saved none while others did)."""
         self.expected, self.armed, self.where = saved, self.verify != "off", where
+        self.iterators = 0
+
+    def iterator_started(self) -> None:
+        """A train iterator is started: after the resumed one, the batch compared with is gone (an empty epoch)."""
+        self.iterators += 1
+        if self.iterators > 1:
+            self.armed, self.expected = False, None
 
     def fetched(self, batch: Any) -> None:
         """A batch was fetched: the first after :meth:`expect` is compared."""

@@ -306,6 +306,7 @@ class _Session:
     def start_epoch(self) -> None:
         """The train iterator is being created: every recorder's next pass is the epoch's first."""
         self.ahead = None
+        self.batch_check.iterator_started()
         self.resumed_pass.epoch_started()
         self.saver.iterator_started()
         self.workers.epoch_started()

@@ -674,7 +674,10 @@ class WorkerStates:
             if not isinstance(loader, DataLoader):  # a list of batches, a generator: nothing runs in workers
                 continue
             iterable = recorder is None and S.loader_kind(loader) == S.KIND_ITERABLE and saves_position(loader.dataset)
-            if (recorder is not None or iterable) and loader.num_workers > 0:
+            # (in_order=False: batches go to whichever worker is free, so a worker's share of them is not known; the
+            # session warns that such a loader cannot resume exactly)
+            in_order = getattr(loader, "in_order", True) is not False
+            if (recorder is not None or iterable) and loader.num_workers > 0 and in_order:
                 workers = LoaderWorkers(index, loader, observing)
                 self.loaders[index] = workers
                 if recorder is not None:

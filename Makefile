@@ -56,7 +56,44 @@ SUITE_PYTEST = cd $(LIGHTNING)/tests/tests_pytorch && MIDEPOCH_SUITE_ATTACH=$(1)
 	--junitxml=$(SUITE_RESULTS)/$(2).xml > $(SUITE_RESULTS)/$(2).log 2>&1; \
 	tail -n 1 $(SUITE_RESULTS)/$(2).log; test -s $(SUITE_RESULTS)/$(2).xml
 
-.PHONY: venv demo test test-workers fuzz chaos lint compat strategies lightning-suite docs bench bench-gather mutation dist dist-check pythons compile-pythons floor clean
+# `make upstream-suite`: the patch series for Lightning in UPSTREAM_PATCHES (git format-patch files, NNNN-*.patch,
+# against Lightning's tag UPSTREAM_TAG), checked with `git apply --check` and applied to a source tree of that tag, its
+# own tests run, then Lightning's tests (SUITE_DIRS) run on the stock and on the patched tree and compared. Each run
+# imports its tree's own src/lightning (first on PYTHONPATH; .venv-lightning-suite only supplies the dependencies, and
+# each log's header names the lightning imported). A test that fails only when patched must be listed, with its
+# reason, in UPSTREAM_CHANGED. Not part of CI (it needs Lightning's repository, LIGHTNING_REPO: a clone or a mirror
+# without a work tree); about 12 minutes on two cores (two runs of 5 to 6 minutes, and the series' tests).
+LIGHTNING_REPO ?= /work/.mirror/Lightning-AI+pytorch-lightning/repo
+UPSTREAM_TAG ?= 2.6.5
+UPSTREAM_PATCHES ?= upstream
+UPSTREAM_CHANGED ?= $(UPSTREAM_PATCHES)/changed_tests.txt
+UPSTREAM_SUITE_OUT ?= upstream-suite-results
+# the two source trees, stock/ and patched/ (a git work tree), made afresh by each run
+UPSTREAM_TREES ?= $(UPSTREAM_SUITE_OUT)/trees
+# suite: exactly `make lightning-suite`'s pytest flags, Lightning's own pytest configuration (pyproject.toml: doctests,
+# FutureWarnings as errors, strict xfail) left out; tree: with it, as Lightning's CI runs its tests
+UPSTREAM_PYTEST_CONFIG ?= suite
+UPSTREAM_RESULTS = $(abspath $(UPSTREAM_SUITE_OUT))
+UPSTREAM_TOOL = $(SUITE_VENV)/bin/python tests/lightning_suite/upstream.py
+# $(call UPSTREAM_IMPORT,tree): which lightning the tree's tests import (an error unless the tree's src/lightning)
+UPSTREAM_IMPORT = cd $(1)/tests/tests_pytorch && PYTHONPATH=$(1)/src $(abspath $(SUITE_VENV))/bin/python -c \
+	'import sys, lightning.pytorch as pl; print("imports lightning", pl.__version__, "from", pl.__file__); \
+	sys.exit(not pl.__file__.startswith(sys.argv[1]))' $(1)/src/lightning/
+# $(call UPSTREAM_COMPILE,tree): byte-compile the tree's src/ and tests once (with PYTHONDONTWRITEBYTECODE set, every
+# process of a run, each spawned DDP one included, would otherwise compile all of Lightning's modules again)
+UPSTREAM_COMPILE = cd $(1) && $(abspath $(SUITE_VENV))/bin/python -m compileall -q -j 2 src tests/tests_pytorch \
+	|| echo "$(1): some files do not byte-compile (the tests will say which)"
+# $(call UPSTREAM_PYTEST,tree,tests,name): Lightning's tests (relative to tests/tests_pytorch) on the source tree
+# (an absolute path), into $(UPSTREAM_SUITE_OUT)/name.{xml,log}, with `make lightning-suite`'s flags
+UPSTREAM_PYTEST = cd $(1)/tests/tests_pytorch && PYTHONPATH=$(1)/src:$(CURDIR)/tests/lightning_suite \
+	$(abspath $(SUITE_VENV))/bin/python -m pytest $(2) -p suite_report -p no:cacheprovider \
+	$(if $(filter tree,$(UPSTREAM_PYTEST_CONFIG)),,-c /dev/null --rootdir=. --confcutdir=.) \
+	--ignore=checkpointing/test_legacy_checkpoints.py --timeout=300 -rfE --color=no --durations=20 \
+	$(if $(filter-out 0 1,$(SUITE_WORKERS)),-n $(SUITE_WORKERS)) -o junit_family=xunit1 \
+	--junitxml=$(UPSTREAM_RESULTS)/$(3).xml > $(UPSTREAM_RESULTS)/$(3).log 2>&1; \
+	tail -n 1 $(UPSTREAM_RESULTS)/$(3).log; test -s $(UPSTREAM_RESULTS)/$(3).xml
+
+.PHONY: venv demo test test-workers fuzz chaos lint compat strategies lightning-suite upstream-suite upstream-check docs bench bench-gather mutation dist dist-check pythons compile-pythons floor clean
 
 $(STAMP): requirements/*.txt pyproject.toml src/lightning_midepoch/__about__.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -86,9 +123,12 @@ WORKERS_SEED := $(or $(MIDEPOCH_WORKERS_SEED),$(shell od -An -N4 -tu4 /dev/urand
 endif
 WORKERS_SAMPLE ?= 3
 
+# tests/upstream is not collected: it tests a Lightning patched with the upstream series, in its own environment
+# without the package (`make upstream-check`)
 test: venv  ## every test (a seeded sample of the workers matrix), with branch coverage of src/ (at least 90%, enforced)
 	MIDEPOCH_REQUIRE_TEST_DEPS=1 MIDEPOCH_WORKERS_SAMPLE=$(WORKERS_SAMPLE) MIDEPOCH_WORKERS_SEED=$(WORKERS_SEED) \
-		$(BIN)/python -m pytest src/lightning_midepoch tests $(XDIST) --cov --cov-report=term-missing \
+		$(BIN)/python -m pytest src/lightning_midepoch tests --ignore=tests/upstream $(XDIST) --cov \
+		--cov-report=term-missing \
 		-p no:cacheprovider --durations=15
 
 test-workers: venv  ## the larger DataLoader-worker matrix of tests/test_workers.py (every worker count and moment)
@@ -170,6 +210,72 @@ lightning-suite: $(SUITE_STAMP)  ## Lightning's tests stock and with the callbac
 	$(SUITE_VENV)/bin/python tests/lightning_suite/compare.py $(SUITE_OUT)/stock.xml $(SUITE_OUT)/attached.xml \
 		--allowed tests/lightning_suite/allowed_failures.txt > $(SUITE_OUT)/comparison.txt; \
 		status=$$?; cat $(SUITE_OUT)/comparison.txt; exit $$status
+
+upstream-suite: $(SUITE_STAMP)  ## the Lightning patch series (upstream/): applies, its tests pass, Lightning's tests compared
+	@ls $(UPSTREAM_PATCHES)/*.patch > /dev/null 2>&1 || \
+		{ echo "no patch series: $(UPSTREAM_PATCHES)/*.patch (make upstream-suite UPSTREAM_PATCHES=folder)"; exit 2; }
+	rm -rf $(UPSTREAM_SUITE_OUT) $(UPSTREAM_TREES)
+	mkdir -p $(UPSTREAM_SUITE_OUT)
+	$(UPSTREAM_TOOL) tree $(LIGHTNING_REPO) $(UPSTREAM_TAG) $(abspath $(UPSTREAM_TREES))/stock
+	$(UPSTREAM_TOOL) tree $(LIGHTNING_REPO) $(UPSTREAM_TAG) $(abspath $(UPSTREAM_TREES))/patched --git
+	$(UPSTREAM_TOOL) apply $(abspath $(UPSTREAM_TREES))/patched $(sort $(wildcard $(UPSTREAM_PATCHES)/*.patch)) \
+		> $(UPSTREAM_SUITE_OUT)/apply.log 2>&1; status=$$?; cat $(UPSTREAM_SUITE_OUT)/apply.log; exit $$status
+	$(call UPSTREAM_COMPILE,$(abspath $(UPSTREAM_TREES))/stock)
+	$(call UPSTREAM_COMPILE,$(abspath $(UPSTREAM_TREES))/patched)
+	$(call UPSTREAM_IMPORT,$(abspath $(UPSTREAM_TREES))/stock)
+	$(call UPSTREAM_IMPORT,$(abspath $(UPSTREAM_TREES))/patched)
+	@tests="$$($(UPSTREAM_TOOL) tests $(abspath $(UPSTREAM_TREES))/patched $(sort $(wildcard $(UPSTREAM_PATCHES)/*.patch)))"; \
+		echo "the series' own tests (on the patched tree): $${tests:-none}: $(UPSTREAM_SUITE_OUT)/series.log"; date; \
+		if test -n "$$tests"; then $(call UPSTREAM_PYTEST,$(abspath $(UPSTREAM_TREES))/patched,$$tests,series); \
+		else echo '<testsuite name="series" tests="0"/>' > $(UPSTREAM_SUITE_OUT)/series.xml; fi
+	@echo "stock run ($(UPSTREAM_TAG)): $(UPSTREAM_SUITE_OUT)/stock.log"; date
+	$(call UPSTREAM_PYTEST,$(abspath $(UPSTREAM_TREES))/stock,$(SUITE_DIRS),stock)
+	@echo "patched run ($(UPSTREAM_TAG) and the series): $(UPSTREAM_SUITE_OUT)/patched.log"; date
+	$(call UPSTREAM_PYTEST,$(abspath $(UPSTREAM_TREES))/patched,$(SUITE_DIRS),patched)
+	@date
+	{ cat $(UPSTREAM_SUITE_OUT)/apply.log; echo; \
+	  $(SUITE_VENV)/bin/python tests/lightning_suite/compare.py $(UPSTREAM_SUITE_OUT)/stock.xml \
+		$(UPSTREAM_SUITE_OUT)/patched.xml --label patched --series $(UPSTREAM_SUITE_OUT)/series.xml \
+		$(if $(wildcard $(UPSTREAM_CHANGED)),--allowed $(UPSTREAM_CHANGED)); } > $(UPSTREAM_SUITE_OUT)/comparison.txt; \
+		status=$$?; cat $(UPSTREAM_SUITE_OUT)/comparison.txt; exit $$status
+
+# `make upstream-check`: the Trainer-level resume tests of tests/upstream on the lightning wheel (ci.txt's release)
+# with the src/lightning/ part of every UPSTREAM_PATCHES/*.patch applied (tools/apply_upstream.py: the release
+# reinstalled first, so a re-run starts from it), in .venv-upstream, which must not have lightning-midepoch:
+# MIDEPOCH_DELIVERY=lightning attaches no callback, the patched Lightning resumes by itself. Its uninterrupted runs
+# are compared bitwise with stock Lightning's, recorded in .venv (tests/upstream/record_run.py) into a scratch folder.
+# About 2.5 minutes on two cores with the environment created from scratch (1 minute of it), 1.5 when it exists.
+UPSTREAM_CHECK_VENV ?= .venv-upstream
+UPSTREAM_CHECK_BIN := $(UPSTREAM_CHECK_VENV)/bin
+
+$(UPSTREAM_CHECK_VENV)/.installed: requirements/upstream-check.txt requirements/torch-ci.txt
+	test -x $(UPSTREAM_CHECK_BIN)/python || $(PYTHON) -m venv $(UPSTREAM_CHECK_VENV)
+	$(UPSTREAM_CHECK_BIN)/python -m pip --disable-pip-version-check install --quiet -r requirements/torch-ci.txt
+	$(UPSTREAM_CHECK_BIN)/python -m pip --disable-pip-version-check install --quiet -r requirements/upstream-check.txt
+	touch $@
+
+upstream-check: venv $(UPSTREAM_CHECK_VENV)/.installed  ## the resume tests on Lightning patched with upstream/*.patch
+	@if $(UPSTREAM_CHECK_BIN)/python -c "import lightning_midepoch" 2> /dev/null; then \
+		echo "$(UPSTREAM_CHECK_VENV) can import lightning_midepoch, which must not be there: rm -rf it"; exit 1; \
+	else echo "$(UPSTREAM_CHECK_VENV): lightning_midepoch cannot be imported (as required)"; fi
+	$(UPSTREAM_CHECK_BIN)/python tools/apply_upstream.py $(UPSTREAM_PATCHES)
+	@$(UPSTREAM_CHECK_BIN)/python -c '$(SHOW_VERSIONS); import pytest; print("pytest", pytest.__version__)'
+	@records=$$(mktemp -d); cross=$$(mktemp -d); trap 'rm -rf "$$records" "$$cross"' EXIT; \
+	echo "stock Lightning's uninterrupted runs, recorded in $(VENV) (tests/upstream/record_run.py)"; \
+	PYTHONPATH=tests $(BIN)/python tests/upstream/record_run.py "$$records" && \
+	echo "mid-epoch checkpoints written with the callback on stock Lightning (tests/upstream/write_checkpoints.py)" && \
+	PYTHONPATH=tests $(BIN)/python tests/upstream/write_checkpoints.py "$$cross/callback" && \
+	echo "MIDEPOCH_DELIVERY=lightning pytest tests/upstream ($(UPSTREAM_CHECK_VENV))" && \
+	MIDEPOCH_DELIVERY=lightning MIDEPOCH_STOCK_RECORDS="$$records" MIDEPOCH_CROSS_CHECKPOINTS="$$cross" \
+		$(UPSTREAM_CHECK_BIN)/python -m pytest tests/upstream --ignore=tests/upstream/test_step_aside.py \
+		$(XDIST) -p no:cacheprovider --durations=10 && \
+	echo "mid-epoch checkpoints written by the patched Lightning ($(UPSTREAM_CHECK_VENV))" && \
+	MIDEPOCH_DELIVERY=lightning PYTHONPATH=tests $(UPSTREAM_CHECK_BIN)/python tests/upstream/write_checkpoints.py \
+		"$$cross/lightning" && \
+	echo "the callback on the patched Lightning steps aside ($(UPSTREAM_CHECK_VENV), this checkout's src/)" && \
+	PYTHONPATH=src $(UPSTREAM_CHECK_BIN)/python -m pytest tests/upstream/test_step_aside.py -p no:cacheprovider && \
+	echo "the patched Lightning's checkpoints resumed with the callback on stock Lightning ($(VENV))" && \
+	MIDEPOCH_CROSS_CHECKPOINTS="$$cross" $(BIN)/python -m pytest tests/upstream/test_deliveries.py -p no:cacheprovider
 
 lint: venv  ## ruff; mypy --strict on src/ and tools/; no test assertion that cannot fail (tools/check_asserts.py)
 	$(BIN)/ruff check .
@@ -263,4 +369,4 @@ floor: $(FLOOR_VENV)/.installed  ## the Trainer-level tests on the lowest torch 
 	$(FLOOR_VENV)/bin/python -m pytest $(TRAINER_TESTS) $(XDIST) -q -p no:cacheprovider
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) $(SUITE_VENV) $(SUITE_OUT) $(DIST_VENV) $(FLOOR_VENV) .venv-py* $(PYTHONS_OUT) build $(DIST_DIR) *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage demo-output docs/_build mutants
+	rm -rf $(VENV) $(COMPAT_VENV) $(SUITE_VENV) $(SUITE_OUT) $(UPSTREAM_SUITE_OUT) $(UPSTREAM_TREES) $(UPSTREAM_CHECK_VENV) $(DIST_VENV) $(FLOOR_VENV) .venv-py* $(PYTHONS_OUT) build $(DIST_DIR) *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage demo-output docs/_build mutants

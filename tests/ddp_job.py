@@ -11,6 +11,11 @@ with ``--crash`` every rank writes the checkpoint ``OUT/crash.ckpt`` in ``on_tra
 CPU through :class:`CPUFSDPStrategy`, whose ``crash.ckpt`` is a sharded checkpoint directory. ``--num-nodes 2`` with
 ``--devices 1`` is one node of a two-node job: run it twice, with ``NODE_RANK`` 0 and 1 and the same ``MASTER_ADDR``
 and ``MASTER_PORT`` in the environment.
+
+With ``MIDEPOCH_DELIVERY=lightning`` (tests/harness.py's ``DELIVERY``; `make upstream-check`, whose environment has no
+lightning_midepoch) the feature is a Lightning with the upstream patches applied: the package is never imported and
+no ``MidEpochResume`` is attached (as with ``--stock``); options that configure the callback (``--verify-batch``
+other than its default) are refused.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import torch
 from torch.multiprocessing import ProcessExitedException
 
 from harness import (
+    DELIVERY,
     NAMESPACE,
     Config,
     Crash,
@@ -45,7 +51,14 @@ from harness import (
     ModelCheckpoint,
     OnExceptionCheckpoint,
 )
-from lightning_midepoch import MidEpochResume, MidEpochResumeError
+
+if DELIVERY == "callback":
+    from lightning_midepoch import MidEpochResume, MidEpochResumeError
+else:  # MIDEPOCH_DELIVERY=lightning: the patched Lightning resumes by itself, without the package
+
+    class MidEpochResumeError(Exception):  # type: ignore[no-redef]
+        """A stand-in that nothing raises: without the callback no batch is verified."""
+
 
 FSDPStrategy = importlib.import_module(f"{NAMESPACE}.strategies").FSDPStrategy
 
@@ -168,6 +181,11 @@ def main() -> None:
     parser.add_argument("--on-exception", action="store_true", help="--crash raises in training_step instead")
     parser.add_argument("--verify-batch", default="warn", help="MidEpochResume(verify_batch=...)")
     args = parser.parse_args()
+    if DELIVERY != "callback" and args.verify_batch != parser.get_default("verify_batch"):
+        parser.error(
+            f"--verify-batch {args.verify_batch} configures MidEpochResume, which MIDEPOCH_DELIVERY={DELIVERY} does "
+            "not attach (the patched Lightning resumes by itself)"
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config = Config(**json.loads(args.config))
@@ -176,8 +194,11 @@ def main() -> None:
     if args.resume:  # a fresh process's states (PL_GLOBAL_SEED, which seeds the injected sampler, stays the same)
         torch.manual_seed(77), np.random.seed(77), random.seed(77)
     saves = CountSaves()
-    ours = MidEpochResume(verify_batch=args.verify_batch)
-    callbacks: list[L.Callback] = [DivergeRanks(), saves] if args.stock else [ours, DivergeRanks(), saves]
+    if DELIVERY == "callback":
+        ours = MidEpochResume(verify_batch=args.verify_batch)
+        callbacks: list[L.Callback] = [DivergeRanks(), saves] if args.stock else [ours, DivergeRanks(), saves]
+    else:  # the patched Lightning resumes by itself: nothing to attach, as with --stock
+        callbacks = [DivergeRanks(), saves]
     spawned = args.strategy in ("ddp_spawn", "ddp_fork", "ddp_notebook")
     crash = CrashPoint("train_batch_end", *args.crash) if args.crash and not args.on_exception else None
     if spawned:

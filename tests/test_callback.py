@@ -480,3 +480,29 @@ def test_after_an_exception_a_second_fit_from_a_checkpoint_is_exact(exception, t
     assert model.seen == full.seen
     for expected, actual in zip(full.model.parameters(), model.parameters(), strict=True):
         assert torch.equal(expected, actual)
+
+
+def test_the_callback_steps_aside_on_a_lightning_that_resumes_mid_epoch_itself(monkeypatch, tmp_path):
+    """On a Lightning carrying the upstream change (upstream/0001: `lightning.pytorch.loops._mid_epoch`), setup installs
+    nothing and checks no version: the fit is the stock one, the callback saves no position and reads none.
+
+    Stock Lightning stands in for the patched one here; `make upstream-check` runs the same on the patched Lightning.
+    """
+    from lightning_midepoch import _compat
+
+    assert not _compat.resumes_mid_epoch_itself(L.Trainer(logger=False))
+    monkeypatch.setattr(_compat, "resumes_mid_epoch_itself", lambda trainer: True)
+
+    def refuse(trainer: Any) -> None:
+        raise AssertionError("the version check ran")
+
+    monkeypatch.setattr(_compat, "check_supported", refuse)
+    config = Config()
+    stock = run(config, tmp_path / "stock", callback=False, crash=MID)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        aside = run(config, tmp_path / "aside", crash=MID)
+    assert aside.seen == stock.seen  # the same (stock) run
+    assert not any("MidEpochResume" in str(w.message) for w in caught)
+    state = torch.load(checkpoint_path(tmp_path / "aside", MID), weights_only=True)["callbacks"]["MidEpochResume"]
+    assert state["ranks"] == []  # no position recorded

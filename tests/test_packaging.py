@@ -88,6 +88,17 @@ def test_make_pythons_installs_what_ci_installs():
         assert pins == names, f"requirements/pythons.txt: on Python {python}, {sorted(pins ^ names)} differ"
 
 
+def test_make_upstream_check_installs_what_ci_installs_without_the_package():
+    """`make upstream-check` tests the patched Lightning with CI's pins, and without lightning-midepoch."""
+    ci = pinned("ci.txt")
+    upstream = pinned("upstream-check.txt")
+    assert "lightning" in upstream, "requirements/upstream-check.txt: the Lightning to patch"
+    for name, pin in upstream.items():
+        assert ci.get(name) == pin, f"requirements/upstream-check.txt pins {name}=={pin}, ci.txt {ci.get(name)}"
+    text = (ROOT / "requirements" / "upstream-check.txt").read_text(encoding="utf-8")
+    assert not re.search(r"^\s*(lightning[-_]midepoch|-e|\.)", text, re.MULTILINE), "upstream-check.txt: no package"
+
+
 def test_make_floor_tests_the_lowest_accepted_torch_and_numpy():
     """requirements/floor.txt (`make floor`) pins the lower bounds of pyproject.toml's torch and numpy: torch exactly,
     numpy within the same minor release (the lowest patch release with a wheel for the floor's Python)."""

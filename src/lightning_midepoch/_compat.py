@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib
+import importlib.util
 import inspect
 import os
 import sys
@@ -99,6 +100,9 @@ OTHER_PRIVATE_NAMES = (
     "_load_state_dicts",  # CombinedLoader: gives its stateful loaders their states (in order)
     "_fields",  # Python's named tuples: their field names (documented, despite the underscore; _batch_check)
 )
+
+#: The module a Lightning that carries the upstream change (upstream/0001) has: it resumes mid-epoch itself.
+NATIVE_RESUME_MODULE = "loops._mid_epoch"
 
 #: torch's private names the worker recording relies on (listed in :data:`OTHER_PRIVATE_NAMES` too), checked on
 #: torch's classes when the callback is set up: ``"module:Class"`` and the names each must define.
@@ -183,6 +187,20 @@ def namespace(obj: object) -> str:
     """The Lightning package an object comes from: ``"lightning"`` or ``"pytorch_lightning"``."""
     root = type(obj).__module__.split(".")[0]
     return root if root in ("lightning", "pytorch_lightning") else "lightning"
+
+
+def resumes_mid_epoch_itself(trainer: Trainer) -> bool:
+    """Whether the trainer's Lightning carries the change this package delivers (the patch series in ``upstream/``).
+
+    Such a Lightning resumes exactly from a mid-epoch checkpoint on its own: the callback then steps aside.
+
+    Example:
+        >>> import lightning as L
+        >>> resumes_mid_epoch_itself(L.Trainer(logger=False))  # the stock release
+        False
+
+    """
+    return importlib.util.find_spec(f"{_pytorch_module(trainer)}.{NATIVE_RESUME_MODULE}") is not None
 
 
 def lightning_version(obj: object) -> str:

@@ -104,10 +104,23 @@ class MidEpochResume(_CallbackBase):
         # the signals that ask for a checkpoint, served at consistent points (see lightning_midepoch._preemption)
         self._deferral: SignalDeferral | None = None
         self._agree: Agreement | bool | None = None  # under DDP: how the ranks agree (False: one process; None: unset)
+        self._stepped_aside = False  # the installed Lightning resumes mid-epoch itself (said once)
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
+            return
+        if _compat.resumes_mid_epoch_itself(trainer):
+            # the installed Lightning carries the change this callback delivers: it records and resumes the train
+            # order itself, so the callback steps aside (installing nothing, checking no version) to do nothing twice
+            if not self._stepped_aside:
+                self._stepped_aside = True
+                _compat.info(
+                    f"{_compat.namespace(trainer)} {_compat.lightning_version(trainer)} resumes mid-epoch itself:"
+                    " MidEpochResume steps aside (it can be removed from the Trainer's callbacks).",
+                    trainer,
+                )
+            self._finish()
             return
         _compat.check_supported(trainer)
         self._finish()  # a fit of this trainer that ended without teardown (an exception) left nothing installed

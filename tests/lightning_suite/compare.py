@@ -1,8 +1,13 @@
-"""Compare two junit XML reports of Lightning's tests: stock and with ``MidEpochResume`` attached.
+"""Compare two junit XML reports of Lightning's tests: stock, and with ``MidEpochResume`` attached or patched.
 
 ``python compare.py STOCK.xml ATTACHED.xml --allowed allowed_failures.txt`` prints the counts of both runs, every test
 that fails only when attached (split into allowed artifacts of the plugin, with their reasons, and unexpected ones),
 the tests that fail in both runs (environment problems, not ours), and exits with 1 if any unexpected failure exists.
+
+``python compare.py STOCK.xml PATCHED.xml --label patched --allowed changed_tests.txt --series SERIES.xml`` does the
+same for ``make upstream-suite``: Lightning's tests on its own source tree, stock and with the patch series applied,
+the listed tests being the ones the series changes on purpose. ``--series`` adds the report of the series' own tests
+(the test files it adds or changes), and the exit status is also 1 if one of them fails.
 
 The allowed-failures file has one test node id a line, then `` # `` and the reason; a node id ending in ``*`` covers
 every node id it starts (all parametrizations of a test). Blank lines and lines starting with ``#`` are ignored.
@@ -18,6 +23,23 @@ from pathlib import Path
 
 OUTCOMES = ("passed", "failed", "errors", "skipped")
 BROKEN = ("failed", "errors")
+#: the words of the report for each kind of second run (``--label``)
+WORDING = {
+    "attached": {
+        "both": "fail in both runs (environment, not the callback)",
+        "only_stock": "fail only in the stock run (flaky?)",
+        "allowed": "allowed",
+        "stale": "allowed but not failing (could be removed from the list)",
+        "total": "allowed failures",
+    },
+    "patched": {
+        "both": "fail in both runs (stock Lightning or the environment, not the series)",
+        "only_stock": "fail only in the stock run (fixed by the series, or flaky?)",
+        "allowed": "changed on purpose",
+        "stale": "listed as changed on purpose but not failing (could be removed from the list)",
+        "total": "changed on purpose",
+    },
+}
 
 
 def node_id(case: ET.Element) -> str:
@@ -116,23 +138,49 @@ def allowed_reason(test: str, allowed: dict[str, str]) -> str | None:
     return None
 
 
+def count_row(label: str, cases: dict[str, ET.Element], seconds: float) -> str:
+    """One line of the table of counts: each outcome, the number of tests and the run time.
+
+    >>> count_row("run", {"a::t": ET.fromstring("<testcase/>")}, 2.0)
+    'run                1         0         0         0         1         2'
+    """
+    counts = Counter(outcome(case) for case in cases.values())
+    return f"{label:10}" + "".join(f"{counts[name]:>10}" for name in OUTCOMES) + f"{len(cases):>10}{seconds:>10.0f}"
+
+
+def series_report(path: Path) -> int:
+    """Print the outcome of the series' own tests (``--series``); the number of them that fail."""
+    cases, seconds = load(path)
+    broken = sorted(test for test, case in cases.items() if outcome(case) in BROKEN)
+    print(f"\nthe series' own tests ({path.name}):")
+    print(f"{'':10}" + "".join(f"{name:>10}" for name in (*OUTCOMES, "total", "seconds")))
+    print(count_row("series", cases, seconds))
+    if not cases:
+        print("  no test ran: the series adds or changes no test file of tests/tests_pytorch")
+    for test in broken:
+        print(f"  {test} ({outcome(cases[test])}) [SERIES TEST FAILS]\n      {first_line(cases[test])}")
+    return len(broken)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Print the comparison; 1 if a test fails only when attached and is not in the allowed list."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    """Print the comparison; 1 if a test fails only in the second run and is not in the allowed list."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("stock", type=Path)
-    parser.add_argument("attached", type=Path)
+    parser.add_argument("attached", type=Path, help="the second run's report (attached or patched)")
     parser.add_argument("--allowed", type=Path, default=None)
+    parser.add_argument("--label", choices=sorted(WORDING), default="attached", help="what the second run is")
+    parser.add_argument("--series", type=Path, default=None, help="the report of the series' own tests")
     args = parser.parse_args(argv)
+    label: str = args.label
+    words = WORDING[label]
 
     stock, stock_time = load(args.stock)
     attached, attached_time = load(args.attached)
     allowed = load_allowed(args.allowed)
 
     print(f"{'':10}" + "".join(f"{name:>10}" for name in (*OUTCOMES, "total", "seconds")))
-    for label, cases, seconds in (("stock", stock, stock_time), ("attached", attached, attached_time)):
-        counts = Counter(outcome(case) for case in cases.values())
-        row = "".join(f"{counts[name]:>10}" for name in OUTCOMES)
-        print(f"{label:10}{row}{len(cases):>10}{seconds:>10.0f}")
+    print(count_row("stock", stock, stock_time))
+    print(count_row(label, attached, attached_time))
 
     only_attached = sorted(
         test
@@ -149,24 +197,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     unexpected = [test for test in only_attached if allowed_reason(test, allowed) is None]
 
-    print(f"\nfail only when attached: {len(only_attached)}")
+    print(f"\nfail only when {label}: {len(only_attached)}")
     for test in only_attached:
         reason = allowed_reason(test, allowed)
         before = outcome(stock[test]) if test in stock else "not run"
-        label = f"allowed: {reason}" if reason is not None else "UNEXPECTED"
-        print(f"  {test} (stock: {before}) [{label}]\n      {first_line(attached[test])}")
-    print(f"\nfail in both runs (environment, not the callback): {len(both)}")
+        tag = f"{words['allowed']}: {reason}" if reason is not None else "UNEXPECTED"
+        print(f"  {test} (stock: {before}) [{tag}]\n      {first_line(attached[test])}")
+    print(f"\n{words['both']}: {len(both)}")
     for test in both:
         print(f"  {test}\n      {first_line(attached[test])}")
     if only_stock:
-        print(f"\nfail only in the stock run (flaky?): {len(only_stock)}")
+        print(f"\n{words['only_stock']}: {len(only_stock)}")
         for test in only_stock:
             print(f"  {test}\n      {first_line(stock[test])}")
     missing = sorted(set(stock) ^ set(attached))
     if missing:
         print(f"\nin one run only: {len(missing)}")
         for test in missing:
-            print(f"  {test} ({'stock' if test in stock else 'attached'})")
+            run, cases = ("stock", stock) if test in stock else (label, attached)
+            print(f"  {test} ({run}: {outcome(cases[test])})")
     used = {key for test in only_attached for key in allowed if allowed_reason(test, {key: key}) is not None}
     files_run = {test.partition("::")[0] for test in attached}
     # an entry is stale only if its file ran (a run of a few folders leaves the others' entries alone)
@@ -174,11 +223,13 @@ def main(argv: list[str] | None = None) -> int:
         key for key in set(allowed) - used if any(same_file(path, key.partition("::")[0]) for path in files_run)
     )
     if stale:
-        print(f"\nallowed but not failing (could be removed from the list): {len(stale)}")
+        print(f"\n{words['stale']}: {len(stale)}")
         for key in stale:
             print(f"  {key}")
-    print(f"\nallowed failures: {len(only_attached) - len(unexpected)}; unexpected failures: {len(unexpected)}")
-    return 1 if unexpected else 0
+    series_broken = series_report(args.series) if args.series is not None else 0
+    print(f"\n{words['total']}: {len(only_attached) - len(unexpected)}; unexpected failures: {len(unexpected)}", end="")
+    print(f"; the series' own tests failing: {series_broken}" if args.series is not None else "")
+    return 1 if unexpected or series_broken else 0
 
 
 if __name__ == "__main__":

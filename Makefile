@@ -62,7 +62,8 @@ SUITE_PYTEST = cd $(LIGHTNING)/tests/tests_pytorch && MIDEPOCH_SUITE_ATTACH=$(1)
 # imports its tree's own src/lightning (first on PYTHONPATH; .venv-lightning-suite only supplies the dependencies, and
 # each log's header names the lightning imported). A test that fails only when patched must be listed, with its
 # reason, in UPSTREAM_CHANGED. Not part of CI (it needs Lightning's repository, LIGHTNING_REPO: a clone or a mirror
-# without a work tree); about 12 minutes on two cores (two runs of 5 to 6 minutes, and the series' tests).
+# without a work tree); about 12 minutes on two idle cores (two runs of 5 to 6 minutes, and the series' tests), and
+# up to twice that on a busy machine (24 minutes measured with other jobs running).
 LIGHTNING_REPO ?= /work/.mirror/Lightning-AI+pytorch-lightning/repo
 UPSTREAM_TAG ?= 2.6.5
 UPSTREAM_PATCHES ?= upstream

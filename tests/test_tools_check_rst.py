@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -91,3 +92,21 @@ def test_a_broken_page_is_reported_with_its_line(tmp_path, capsys, text, line, m
 def test_a_missing_file_fails(tmp_path, capsys):
     assert _tool().main([str(tmp_path / "missing.rst")]) == 1
     assert "cannot read" in capsys.readouterr().out
+
+
+def test_the_series_documentation_page_is_valid_rst(tmp_path, capsys):
+    """The page the upstream series adds (docs/source-pytorch/common/checkpointing_mid_epoch.rst), as the whole series
+    leaves it: its hunks of every upstream/*.patch applied, in order, to an empty folder (the page is new in 0001)."""
+    page = "docs/source-pytorch/common/checkpointing_mid_epoch.rst"
+    patches = sorted((ROOT / "upstream").glob("*.patch"))
+    assert patches, "no patch series in upstream/"
+    for patch in patches:
+        subprocess.run(
+            ["git", "apply", f"--include={page}", str(patch)],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+        )
+    written = tmp_path / page
+    assert "Resume mid-epoch" in written.read_text()
+    assert _tool().main([str(written)]) == 0, capsys.readouterr().out

@@ -14,6 +14,8 @@ DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
 # document the package of this working tree, also when it is not installed in editable mode
 sys.path.insert(0, str(ROOT / "src"))
+# the examples the pages show with literalinclude and import in their testsetup (docs/_examples/)
+sys.path.insert(0, str(DOCS / "_examples"))
 
 _about = (ROOT / "src" / "lightning_midepoch" / "__about__.py").read_text(encoding="utf-8")
 release = re.search(r'^__version__ = "([^"]+)"', _about, re.MULTILINE).group(1)  # type: ignore[union-attr]

@@ -1,8 +1,8 @@
 """The documentation: it builds without a warning, every example in it runs, and it keeps up with the code.
 
 ``make docs`` builds the HTML site; here the same build runs into a temporary directory, and so does Sphinx's doctest
-builder, which executes every ``testcode``/``doctest`` block of the pages (the guide's examples train tiny models on
-CPU, including a crash and a resume) and the ``>>>`` examples of the API reference.
+builder, which executes every ``testcode``/``doctest`` block of the pages (their examples train tiny models on CPU,
+including a crash and a resume) and the ``>>>`` examples of the API reference.
 """
 
 from __future__ import annotations
@@ -23,6 +23,27 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 SRC = ROOT / "src" / "lightning_midepoch"
 PAGES = sorted(DOCS.glob("*.md"))
+#: The pages that answer one question each: they open with it, in bold, and the shortest complete answer.
+QUESTION_PAGES = (
+    "quickstart",
+    "how-it-works",
+    "exactness",
+    "preemption",
+    "signals",
+    "distributed",
+    "data-pipelines",
+    "inspect",
+    "migrating",
+    "upgrading",
+    "errors",
+    "warnings",
+    "warnings-training",
+    "development",
+    "guide",
+)
+#: The most lines a page of docs/ and the README may have: a page is read in a few minutes.
+PAGE_LINES = 300
+README_LINES = 100
 BUILD_TIMEOUT_S = 300
 
 
@@ -48,19 +69,19 @@ def builds(tmp_path_factory) -> dict[str, tuple[int, str, Path]]:
 def test_html_builds_without_warnings(builds):
     code, output, html = builds["html"]
     assert code == 0, output[-8000:]
-    for page in ("index", "guide", "api", "upgrading", "benchmarks", "changelog"):
-        assert (html / f"{page}.html").is_file(), page
+    for page in PAGES:
+        assert (html / f"{page.stem}.html").is_file(), page.name
     assert (html / "_images" / "timeline.png").is_file()
 
 
 def test_links_to_torch_and_lightning_resolve_offline(builds):
     """The local inventories are used: API names link to the real pages of the PyTorch and Lightning docs."""
     _, _, html = builds["html"]
-    guide = (html / "guide.html").read_text(encoding="utf-8")
-    assert 'href="https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader"' in guide
+    quickstart = (html / "quickstart.html").read_text(encoding="utf-8")
+    assert 'href="https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader"' in quickstart
     assert (
         'href="https://lightning.ai/docs/pytorch/stable/api/lightning.pytorch.callbacks.ModelCheckpoint.html'
-        '#lightning.pytorch.callbacks.ModelCheckpoint"' in guide
+        '#lightning.pytorch.callbacks.ModelCheckpoint"' in quickstart
     )
 
 
@@ -136,7 +157,7 @@ def _normalized(text: str) -> str:
 
 
 def test_every_error_and_warning_is_documented():
-    """The docs quote each message the package can emit (most in the guide), verbatim apart from the run's values."""
+    """The docs quote each message the package can emit (errors and warnings pages), verbatim apart from the values."""
     docs = _normalized("\n".join(page.read_text(encoding="utf-8") for page in PAGES))
     messages = _messages()
     assert len(messages) >= 10
@@ -147,11 +168,32 @@ def test_every_error_and_warning_is_documented():
                 assert part in docs, f"{where}: no page of docs/ quotes {part!r}"
 
 
-def test_readme_links_the_guide():
+def test_readme_links_every_page_of_the_docs():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    links = re.findall(r"\]\(([^)]+)\)", readme)
-    assert "docs/guide.md" in links
-    assert (DOCS / "guide.md").read_text(encoding="utf-8").startswith("# Resuming training mid-epoch\n")
+    links = set(re.findall(r"\]\(([^)#]+)", readme))
+    pages = {f"docs/{page.name}" for page in PAGES} - {"docs/index.md", "docs/changelog.md", "docs/guide.md"}
+    assert pages <= links, sorted(pages - links)
+
+
+def test_readme_and_every_page_are_short():
+    lines = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
+    assert lines < README_LINES, f"README.md has {lines} lines: move the detail into a page of docs/"
+    for page in PAGES:
+        lines = len(page.read_text(encoding="utf-8").splitlines())
+        assert lines < PAGE_LINES, f"{page.name} has {lines} lines: split it, one question per page"
+
+
+@pytest.mark.parametrize("name", QUESTION_PAGES)
+def test_each_page_opens_with_its_question_and_answer(name):
+    """Under the title, the first paragraph starts with the page's question in bold and goes on with the answer."""
+    text = (DOCS / f"{name}.md").read_text(encoding="utf-8")
+    text = re.sub(r"\A---\n.*?\n---\n", "", text, flags=re.DOTALL)  # front matter
+    title, _, rest = text.lstrip().partition("\n\n")
+    assert title.startswith("# "), name
+    paragraph = rest.split("\n\n", 1)[0]
+    question = re.match(r"\*\*([^*]+\?)\*\*\s+(.+)", paragraph, re.DOTALL)
+    assert question, f"{name}.md: the first paragraph is not **question?** answer"
+    assert len(question.group(2).split()) >= 8, f"{name}.md: the question has no answer after it"
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -190,7 +232,7 @@ def test_inventories_are_generated_by_their_script():
 
 
 def _exactness_rows() -> list[list[str]]:
-    text = (DOCS / "guide.md").read_text()
+    text = (DOCS / "exactness.md").read_text()
     table = text[text.index("| Setting | Exact |") :].split("\n\n", 1)[0]
     return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in table.splitlines()[2:]]
 
@@ -206,7 +248,7 @@ def _test_functions() -> set[str]:
 
 
 def test_every_claim_of_the_exactness_table_names_its_test():
-    """Each "yes" row of the guide's table names the test that checks it; each "no" or "partly" row names what a user
+    """Each "yes" row of the exactness table names the test that checks it; each "no" or "partly" row names what a user
     sees (the warning, or why there is none); every test named exists."""
     defined = _test_functions()
     rows = _exactness_rows()

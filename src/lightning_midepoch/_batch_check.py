@@ -169,7 +169,7 @@ class BatchCheck:
             f"{on_ranks}{parts}: the resumed run is not the uninterrupted one. Likely causes: random state the callback"
             " cannot reach (a generator created at module level, or kept where MidEpochResume does not look), or a"
             " dataset or transform that changed since the checkpoint. Hold the generator on the dataset (or its"
-            " transforms), or seed it from the worker's seed for each sample (see the guide's section 'A resume that"
-            " checks itself').",
+            " transforms), or seed it from the worker's seed for each sample (see the docs' page 'Data pipelines',"
+            " section 'A resume that checks itself').",
             self.verify == "raise",
         )

@@ -733,7 +733,7 @@ def _elastic_condition(loaders: Sequence[Mapping[str, Any]], world_size: int) ->
         )
     return (
         "On another number of devices the interrupted epoch is finished elastically: every sample it had not"
-        " consumed is trained once across the new devices (see the guide's distributed section)."
+        " consumed is trained once across the new devices (see the docs' page 'Distributed and elastic resume')."
     )
 
 

@@ -1,0 +1,416 @@
+"""Run one corpus project (tests/corpus/projects) the ways issue 35 asks, and say what happened.
+
+A project is a module with ``FOLLOWS`` (the public project it is patterned on) and ``main(run)``: the project's own
+training script, which builds its model, data and ``Trainer`` as the original does, taking the ``Trainer``'s
+keyword arguments from :meth:`Run.trainer_kwargs` (or :meth:`Run.trainer`) and fitting with :meth:`Run.fit`. The
+runner then checks, in this process:
+
+1. **transparency**: the uninterrupted fit with ``MidEpochResume`` and without it (stock) see the same batches (their
+   bytes), end with bitwise the same weights, optimizer, scheduler and callback states, and leave the process-wide
+   random streams (torch, numpy's global generator whatever its bit generator, Python) in the same state;
+2. **saving is invisible**: a fit with the callback that writes a checkpoint at three moments (early; the middle of
+   an epoch; an epoch's last batch, or a late batch where the run is one long epoch) and carries on is still stock's
+   run;
+3. **each resume** from those checkpoints, in a process whose random states were scrambled (as a fresh process's
+   are), is ``exact`` (the remaining batches, bitwise the same final state), or ``warned`` (not exact, but a warning
+   about the resume was issued before the first resumed batch reached the model), or ``error`` (the fit raised
+   before training). Anything else, a silently inexact resume above all, is a failure.
+
+``python tests/corpus/runner.py NAME...`` runs projects and prints their rows (for a quick look at one project).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import json
+import pkgutil
+import random
+import sys
+import tempfile
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+if __package__ in (None, ""):  # run as a script: make `corpus` and the tests' helpers importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import lightning.pytorch as L
+from harness import _equal
+from lightning_midepoch import MidEpochResume
+
+PROJECTS_PACKAGE = "corpus.projects"
+#: a warning "about the resume" (what a user reads as "this resume is not exact") names one of these
+RESUME_WORDS = ("resum", "midepoch", "mid-epoch")
+
+
+def project_names() -> list[str]:
+    """Every project module in tests/corpus/projects, sorted."""
+    package = importlib.import_module(PROJECTS_PACKAGE)
+    return sorted(info.name for info in pkgutil.iter_modules(package.__path__) if not info.name.startswith("_"))
+
+
+def load(name: str) -> Any:
+    return importlib.import_module(f"{PROJECTS_PACKAGE}.{name}")
+
+
+# ---------------------------------------------------------------- what one fit records
+def digest(value: Any) -> str:
+    """A short hash of a batch's bytes, whatever its structure (tensors, dicts, lists, numbers, strings)."""
+    hasher = hashlib.blake2b(digest_size=8)
+
+    def feed(item: Any) -> None:
+        if isinstance(item, torch.Tensor):
+            tensor = item.detach().cpu().contiguous()
+            hasher.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
+            hasher.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        elif isinstance(item, np.ndarray):
+            hasher.update(f"N{item.dtype}{item.shape}".encode() + np.ascontiguousarray(item).tobytes())
+        elif isinstance(item, dict):
+            for key in sorted(item, key=str):
+                hasher.update(f"K{key}".encode())
+                feed(item[key])
+        elif isinstance(item, (list, tuple)):
+            hasher.update(f"L{len(item)}".encode())
+            for element in item:
+                feed(element)
+        else:
+            hasher.update(f"V{item!r}".encode())
+
+    feed(value)
+    return hasher.hexdigest()
+
+
+class _Recorder(L.Callback):
+    """Records each training batch, marks when the first one reaches the model, and writes the checkpoints."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self.run.first_batch_warning_index is None:
+            self.run.first_batch_warning_index = len(self.run.caught)
+        self.run.seen.append((trainer.current_epoch, batch_idx, trainer.global_step, digest(batch)))
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        moment = (trainer.current_epoch, batch_idx)
+        if moment in self.run.save_at:
+            trainer.save_checkpoint(self.run.save_at[moment])
+
+
+@dataclass
+class Run:
+    """One fit of a project: how it is set up (by the runner) and what it recorded."""
+
+    root: Path
+    callback: bool
+    ckpt_path: Path | None = None
+    save_at: dict[tuple[int, int], Path] = field(default_factory=dict)
+    scramble_seed: int | None = None
+    seen: list[tuple[int, int, int, str]] = field(default_factory=list)
+    caught: list[warnings.WarningMessage] = field(default_factory=list)
+    first_batch_warning_index: int | None = None
+    fitted_trainer: L.Trainer | None = None
+    fitted_model: L.LightningModule | None = None
+    error: BaseException | None = None
+    error_text: str = ""
+    rng: dict[str, Any] = field(default_factory=dict)
+
+    def callbacks(self, *project_callbacks: L.Callback) -> list[L.Callback]:
+        """The project's callbacks, with ``MidEpochResume`` first when this run has it, and the runner's recorder."""
+        ours: list[L.Callback] = [MidEpochResume()] if self.callback else []
+        return [*ours, *project_callbacks, _Recorder(self)]
+
+    def trainer_kwargs(self, *project_callbacks: L.Callback, **kwargs: Any) -> dict[str, Any]:
+        """The ``Trainer`` arguments: the project's, on CPU, quiet, in this run's folder, with the callbacks."""
+        defaults: dict[str, Any] = {
+            "accelerator": "cpu",
+            "devices": 1,
+            "logger": False,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "enable_checkpointing": False,
+            "default_root_dir": str(self.root),
+        }
+        return {**defaults, **kwargs, "callbacks": self.callbacks(*project_callbacks)}
+
+    def trainer(self, *project_callbacks: L.Callback, **kwargs: Any) -> L.Trainer:
+        return L.Trainer(**self.trainer_kwargs(*project_callbacks, **kwargs))
+
+    def fit(self, trainer: L.Trainer, model: L.LightningModule, **fit_kwargs: Any) -> None:
+        """``trainer.fit`` with this run's checkpoint; a resumed run first scrambles the process's random states."""
+        self.fitted_trainer, self.fitted_model = trainer, model
+        if self.scramble_seed is not None:
+            scramble(self.scramble_seed)
+        trainer.fit(model, ckpt_path=self.ckpt_path, **fit_kwargs)
+
+
+def scramble(seed: int) -> None:
+    """Process-wide random states a fresh process could have; numpy's global generator keeps its bit generator."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.set_bit_generator(type(np.random.get_bit_generator())(seed))
+
+
+@contextmanager
+def _isolated_process_state() -> Iterator[None]:
+    """What a project changes process-wide (numpy's global bit generator, say) is put back after its fit."""
+    bit_generator = np.random.get_bit_generator()
+    state = bit_generator.state
+    try:
+        yield
+    finally:
+        bit_generator.state = state
+        np.random.set_bit_generator(bit_generator)
+
+
+def fit_once(project: Any, run: Run) -> Run:
+    """Run the project's ``main`` once, recording warnings (in order) and any exception."""
+    run.root.mkdir(parents=True, exist_ok=True)
+    with _isolated_process_state(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run.caught = caught
+        try:
+            project.main(run)
+        except Exception as error:  # the runner classifies it: a crash is a finding, not the runner's failure
+            run.error = error
+            run.error_text = "".join(traceback.format_exception_only(type(error), error)).strip()
+        finally:
+            run.rng = random_streams()
+    return run
+
+
+def random_streams() -> dict[str, Any]:
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_bit_generator().state,
+        "python": random.getstate(),
+    }
+
+
+# ---------------------------------------------------------------- comparing fits
+def final_state(run: Run) -> dict[str, Any]:
+    """Everything a fit ends with that the next step of training would use."""
+    trainer, model = run.fitted_trainer, run.fitted_model
+    assert trainer is not None and model is not None, "the project's main() never called run.fit()"
+    callbacks = {
+        type(callback).__qualname__: callback.state_dict()
+        for callback in trainer.callbacks
+        if not isinstance(callback, (_Recorder, MidEpochResume))
+    }
+    return {
+        "weights": model.state_dict(),
+        "optimizers": [optimizer.state_dict() for optimizer in trainer.optimizers],
+        "schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
+        "callbacks": callbacks,
+        "global_step": trainer.global_step,
+        "epoch": trainer.current_epoch,
+        "random streams": run.rng,
+    }
+
+
+def differences(expected: Run, actual: Run, skip_batches: int = 0) -> list[str]:
+    """What differs between two fits: ``actual`` is compared with ``expected``'s batches from ``skip_batches`` on."""
+    found = []
+    tail = expected.seen[skip_batches:]
+    if actual.seen != tail:
+        first = next((i for i, (a, b) in enumerate(zip(tail, actual.seen)) if a != b), min(len(tail), len(actual.seen)))
+        found.append(
+            f"batches differ from the {first + 1}th on ({len(actual.seen)} seen, {len(tail)} expected; "
+            f"expected {tail[first] if first < len(tail) else None}, got "
+            f"{actual.seen[first] if first < len(actual.seen) else None})"
+        )
+    mine, theirs = final_state(expected), final_state(actual)
+    for key in mine:
+        if not _equal(mine[key], theirs[key]):
+            found.append(f"{key} differ")
+    return found
+
+
+@dataclass
+class Moment:
+    name: str
+    epoch: int
+    batch: int
+
+
+def moments(full: Run, align: int = 1) -> list[Moment]:
+    """Early, the middle of an epoch, and an epoch's last batch (a late batch in a run that is one long epoch).
+
+    ``align``: checkpoints only after batches that end an optimizer step (gradient accumulation), as
+    ``ModelCheckpoint(every_n_train_steps=...)`` writes them.
+    """
+    counts: dict[int, int] = {}
+    for epoch, batch, _, _ in full.seen:
+        counts[epoch] = max(counts.get(epoch, 0), batch + 1)
+
+    def snap(batch: int) -> int:
+        return max(align - 1, (batch + 1) // align * align - 1)
+
+    epochs = sorted(counts)
+    middle_epoch = epochs[1] if len(epochs) > 1 else epochs[0]
+    chosen = [Moment("early", 0, snap(1)), Moment("mid-epoch", middle_epoch, snap(counts[middle_epoch] // 2))]
+    if len(epochs) > 1:
+        chosen.append(Moment("epoch's last batch", 0, counts[0] - 1))
+    else:
+        chosen.append(Moment("late", 0, snap(counts[0] - 3)))
+    return chosen
+
+
+# ---------------------------------------------------------------- one project
+@dataclass
+class ResumeOutcome:
+    moment: str
+    epoch: int
+    batch: int
+    outcome: str  # exact / warned / error / FAIL
+    detail: str = ""
+    warnings_before: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ProjectResult:
+    name: str
+    follows: str
+    transparent: bool
+    transparency: list[str]
+    saving_transparent: bool
+    saving: list[str]
+    resumes: list[ResumeOutcome]
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.transparent and self.saving_transparent and all(r.outcome != "FAIL" for r in self.resumes)
+
+    def explain(self) -> str:
+        lines = [f"{self.name} ({self.follows}):"]
+        if not self.transparent:
+            lines.append(f"  uninterrupted fit differs from stock: {'; '.join(self.transparency)}")
+        if not self.saving_transparent:
+            lines.append(f"  a fit that writes checkpoints differs from stock: {'; '.join(self.saving)}")
+        for resume in self.resumes:
+            lines.append(f"  resume at {resume.moment} (epoch {resume.epoch}, batch {resume.batch}): "
+                         f"{resume.outcome} {resume.detail}".rstrip())
+        return "\n".join(lines)
+
+
+def _resume_warnings(run: Run) -> tuple[list[str], list[str]]:
+    """The resume-related warnings of a run: those before the first batch reached the model, and those after."""
+    mark = run.first_batch_warning_index if run.first_batch_warning_index is not None else len(run.caught)
+    before, after = [], []
+    for index, caught in enumerate(run.caught):
+        text = str(caught.message)
+        if any(word in text.lower() for word in RESUME_WORDS):
+            (before if index < mark else after).append(f"{caught.category.__name__}: {text}")
+    return before, after
+
+
+def _fit_failure(run: Run) -> list[str]:
+    return [f"the fit raised {run.error_text}"] if run.error is not None else []
+
+
+def classify_resume(full: Run, resumed: Run, done: int, moment: Moment) -> ResumeOutcome:
+    before, after = _resume_warnings(resumed)
+    outcome = ResumeOutcome(moment.name, moment.epoch, moment.batch, "FAIL", warnings_before=before)
+    if resumed.error is not None:
+        if not resumed.seen:
+            outcome.outcome, outcome.detail = "error", resumed.error_text
+        else:
+            outcome.detail = f"raised after {len(resumed.seen)} resumed batches: {resumed.error_text}"
+        return outcome
+    found = differences(full, resumed, skip_batches=done)
+    if not found:
+        outcome.outcome = "exact"
+        outcome.detail = f"(warned: {before[0]})" if before else ""
+    elif before:
+        outcome.outcome, outcome.detail = "warned", f"{before[0]} [differs: {'; '.join(found)}]"
+    else:
+        late = f"; warned only after training started: {after[0]}" if after else ""
+        outcome.detail = f"silently inexact: {'; '.join(found)}{late}"
+    return outcome
+
+
+def check(name: str, root: Path, only: Callable[[Moment], bool] | None = None) -> ProjectResult:
+    """The whole check of one project, in folders under ``root``."""
+    import time
+
+    start = time.perf_counter()
+    project = load(name)
+    align = getattr(project, "ALIGN", 1)
+    stock = fit_once(project, Run(root / "stock", callback=False))
+    ours = fit_once(project, Run(root / "with-callback", callback=True))
+    transparency = _fit_failure(stock) or _fit_failure(ours) or differences(stock, ours)
+    chosen = moments(stock, align) if stock.seen else []
+    checkpoints = {(m.epoch, m.batch): root / "saving" / f"{m.epoch}-{m.batch}.ckpt" for m in chosen}
+    saving_run = fit_once(project, Run(root / "saving", callback=True, save_at=checkpoints))
+    saving = _fit_failure(saving_run) or differences(stock, saving_run)
+    resumes = []
+    for index, moment in enumerate(chosen):
+        if only is not None and not only(moment):
+            continue
+        path = checkpoints[(moment.epoch, moment.batch)]
+        if not path.exists():
+            resumes.append(ResumeOutcome(moment.name, moment.epoch, moment.batch, "FAIL", "no checkpoint written"))
+            continue
+        done = 1 + next(i for i, s in enumerate(stock.seen) if (s[0], s[1]) == (moment.epoch, moment.batch))
+        resumed = fit_once(
+            project, Run(root / f"resumed-{index}", callback=True, ckpt_path=path, scramble_seed=1000 + index)
+        )
+        resumes.append(classify_resume(stock, resumed, done, moment))
+    return ProjectResult(
+        name, project.FOLLOWS, not transparency, transparency, not saving, saving, resumes, time.perf_counter() - start
+    )
+
+
+# ---------------------------------------------------------------- the table
+def table(results: list[dict[str, Any]]) -> str:
+    """The corpus's table (markdown), one row per project, from :func:`check` results as dicts."""
+    lines = [
+        "| project | follows | uninterrupted equal | early | mid-epoch | epoch's last batch (or late) | seconds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for result in sorted(results, key=lambda r: r["name"]):
+        equal = "y" if result["transparent"] and result["saving_transparent"] else "**n**"
+        cells = []
+        for resume in result["resumes"]:
+            text = resume["outcome"] if resume["outcome"] != "FAIL" else "**FAIL**"
+            if resume["outcome"] in ("warned", "error", "FAIL") or resume["detail"]:
+                text += f": {resume['detail'][:300]}"
+            cells.append(text.replace("|", "\\|").replace("\n", " "))
+        cells += [""] * (3 - len(cells))
+        lines.append(f"| {result['name']} | {result['follows']} | {equal} | {' | '.join(cells)} | "
+                     f"{result['seconds']:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="projects to run (default: all)")
+    parser.add_argument("--out", type=Path, help="write each project's result as NAME.json here")
+    args = parser.parse_args(argv)
+    failed = 0
+    rows = []
+    for name in args.names or project_names():
+        with tempfile.TemporaryDirectory() as directory:
+            result = check(name, Path(directory))
+        print(result.explain(), flush=True)
+        rows.append(asdict(result))
+        failed += not result.ok
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / f"{name}.json").write_text(json.dumps(asdict(result), indent=1))
+    print(table(rows))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -94,7 +94,7 @@ UPSTREAM_PYTEST = cd $(1)/tests/tests_pytorch && PYTHONPATH=$(1)/src:$(CURDIR)/t
 	--junitxml=$(UPSTREAM_RESULTS)/$(3).xml > $(UPSTREAM_RESULTS)/$(3).log 2>&1; \
 	tail -n 1 $(UPSTREAM_RESULTS)/$(3).log; test -s $(UPSTREAM_RESULTS)/$(3).xml
 
-.PHONY: venv demo test test-workers fuzz chaos lint compat strategies lightning-suite upstream-suite upstream-check docs bench bench-gather mutation dist dist-check pythons compile-pythons floor clean
+.PHONY: venv demo test test-workers corpus fuzz chaos lint compat strategies lightning-suite upstream-suite upstream-check docs bench bench-gather mutation dist dist-check pythons compile-pythons floor clean
 
 $(STAMP): requirements/*.txt pyproject.toml src/lightning_midepoch/__about__.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -123,11 +123,18 @@ ifndef WORKERS_SEED
 WORKERS_SEED := $(or $(MIDEPOCH_WORKERS_SEED),$(shell od -An -N4 -tu4 /dev/urandom | tr -d ' '))
 endif
 WORKERS_SAMPLE ?= 3
+# ... and CORPUS_SAMPLE of the corpus's projects (tests/corpus, each a few seconds), chosen by CORPUS_SEED (printed in
+# pytest's header; `make test CORPUS_SEED=123` or MIDEPOCH_CORPUS_SEED=123 repeats it); `make corpus` runs them all
+ifndef CORPUS_SEED
+CORPUS_SEED := $(or $(MIDEPOCH_CORPUS_SEED),$(shell od -An -N4 -tu4 /dev/urandom | tr -d ' '))
+endif
+CORPUS_SAMPLE ?= 3
 
 # tests/upstream is not collected: it tests a Lightning patched with the upstream series, in its own environment
 # without the package (`make upstream-check`)
 test: venv  ## every test (a seeded sample of the workers matrix), with branch coverage of src/ (at least 90%, enforced)
 	MIDEPOCH_REQUIRE_TEST_DEPS=1 MIDEPOCH_WORKERS_SAMPLE=$(WORKERS_SAMPLE) MIDEPOCH_WORKERS_SEED=$(WORKERS_SEED) \
+		MIDEPOCH_CORPUS_SAMPLE=$(CORPUS_SAMPLE) MIDEPOCH_CORPUS_SEED=$(CORPUS_SEED) \
 		$(BIN)/python -m pytest src/lightning_midepoch tests --ignore=tests/upstream $(XDIST) --cov \
 		--cov-report=term-missing \
 		-p no:cacheprovider --durations=15
@@ -135,6 +142,18 @@ test: venv  ## every test (a seeded sample of the workers matrix), with branch c
 test-workers: venv  ## the larger DataLoader-worker matrix of tests/test_workers.py (every worker count and moment)
 	MIDEPOCH_WORKERS_SAMPLE= $(BIN)/python -m pytest tests/test_workers.py -m workers_matrix $(XDIST) -q \
 		-p no:cacheprovider
+
+CORPUS_OUT ?= corpus-results
+
+# Not part of CI. Every project of tests/corpus/projects (real projects' patterns, shrunk): the uninterrupted fit with
+# the callback against stock, a fit writing checkpoints, and resumes at three moments; each project's result as JSON
+# and the table in $(CORPUS_OUT)/table.md. A project marked pending fails until its package fix lands.
+corpus: venv  ## every corpus project (tests/corpus): transparency and three resumes each; the table in corpus-results/
+	rm -rf $(CORPUS_OUT)
+	MIDEPOCH_REQUIRE_TEST_DEPS=1 MIDEPOCH_CORPUS_OUT=$(CORPUS_OUT) $(BIN)/python -m pytest tests/corpus -m corpus \
+		$(XDIST) -q -p no:cacheprovider --durations=0 --color=no; rc=$$?; \
+	$(BIN)/python tests/corpus/runner.py --table $(CORPUS_OUT) > $(CORPUS_OUT)/table.md; cat $(CORPUS_OUT)/table.md; \
+	exit $$rc
 
 # `make chaos CHAOS_SEED=123` repeats a run. CHAOS_DELIVERIES signals in all with the callback (CHAOS_DDP of them to
 # 2-rank jobs, by timers), spread over the flows of tests/chaos.py, plus a stock control without it; about 25 minutes
@@ -371,4 +390,4 @@ floor: $(FLOOR_VENV)/.installed  ## the Trainer-level tests on the lowest torch 
 	$(FLOOR_VENV)/bin/python -m pytest $(TRAINER_TESTS) $(XDIST) -q -p no:cacheprovider
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) $(SUITE_VENV) $(SUITE_OUT) $(UPSTREAM_SUITE_OUT) $(UPSTREAM_TREES) $(UPSTREAM_CHECK_VENV) $(DIST_VENV) $(FLOOR_VENV) .venv-py* $(PYTHONS_OUT) build $(DIST_DIR) *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage demo-output docs/_build mutants
+	rm -rf $(VENV) $(COMPAT_VENV) $(SUITE_VENV) $(SUITE_OUT) $(UPSTREAM_SUITE_OUT) $(UPSTREAM_TREES) $(UPSTREAM_CHECK_VENV) $(DIST_VENV) $(FLOOR_VENV) .venv-py* $(PYTHONS_OUT) $(CORPUS_OUT) build $(DIST_DIR) *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage demo-output docs/_build mutants

@@ -100,56 +100,87 @@ def sample_of_matrix(node_ids: Sequence[str], size: int, seed: int) -> list[str]
 
 
 def _workers_sample_size() -> int | None:
-    value = os.environ.get(WORKERS_SAMPLE_VARIABLE, "").strip()
-    if not value:
-        return None
-    if not value.isdigit():
-        raise pytest.UsageError(f"{WORKERS_SAMPLE_VARIABLE}={value!r}: expected a number of cases (0 or more)")
-    return int(value)
+    return _sample_size(WORKERS_SAMPLE_VARIABLE)
 
 
 def _workers_seed(config: pytest.Config) -> int:
-    """The controller's seed: the environment's, else a random one; an xdist worker gets its controller's."""
-    worker_input: dict[str, Any] | None = getattr(config, "workerinput", None)
-    if worker_input is not None and "midepoch_workers_seed" in worker_input:
-        return int(worker_input["midepoch_workers_seed"])
-    value = os.environ.get(WORKERS_SEED_VARIABLE, "").strip()
-    if not value:
-        return int.from_bytes(os.urandom(4), "little")
-    try:
-        return int(value)
-    except ValueError:
-        raise pytest.UsageError(f"{WORKERS_SEED_VARIABLE}={value!r}: expected an integer seed") from None
+    return _seed(config, WORKERS_SEED_VARIABLE, "midepoch_workers_seed")
 
 
 _SAMPLE_KEY = pytest.StashKey[int | None]()
 _SEED_KEY = pytest.StashKey[int]()
 
+# ---------------------------------------------------------------- the corpus's sample (tests/corpus)
+#: how many corpus projects `make test` runs (MIDEPOCH_CORPUS_SAMPLE=3), chosen by MIDEPOCH_CORPUS_SEED among those
+#: not marked `corpus_pending`; unset or empty: every project (`make corpus`)
+CORPUS_SAMPLE_VARIABLE = "MIDEPOCH_CORPUS_SAMPLE"
+CORPUS_SEED_VARIABLE = "MIDEPOCH_CORPUS_SEED"
+_CORPUS_SAMPLE_KEY = pytest.StashKey[int | None]()
+_CORPUS_SEED_KEY = pytest.StashKey[int]()
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_SAMPLE_KEY] = _workers_sample_size()
     config.stash[_SEED_KEY] = _workers_seed(config)
+    config.stash[_CORPUS_SAMPLE_KEY] = _sample_size(CORPUS_SAMPLE_VARIABLE)
+    config.stash[_CORPUS_SEED_KEY] = _seed(config, CORPUS_SEED_VARIABLE, "midepoch_corpus_seed")
+
+
+def _sample_size(variable: str) -> int | None:
+    value = os.environ.get(variable, "").strip()
+    if not value:
+        return None
+    if not value.isdigit():
+        raise pytest.UsageError(f"{variable}={value!r}: expected a number of cases (0 or more)")
+    return int(value)
+
+
+def _seed(config: pytest.Config, variable: str, worker_key: str) -> int:
+    """The controller's seed: the environment's, else a random one; an xdist worker gets its controller's."""
+    worker_input: dict[str, Any] | None = getattr(config, "workerinput", None)
+    if worker_input is not None and worker_key in worker_input:
+        return int(worker_input[worker_key])
+    value = os.environ.get(variable, "").strip()
+    if not value:
+        return int.from_bytes(os.urandom(4), "little")
+    try:
+        return int(value)
+    except ValueError:
+        raise pytest.UsageError(f"{variable}={value!r}: expected an integer seed") from None
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """pytest-xdist: each worker samples with the controller's seed, drawn once."""
+    """pytest-xdist: each worker samples with the controller's seeds, drawn once."""
     node.workerinput["midepoch_workers_seed"] = node.config.stash[_SEED_KEY]
+    node.workerinput["midepoch_corpus_seed"] = node.config.stash[_CORPUS_SEED_KEY]
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = []
     size = config.stash[_SAMPLE_KEY]
-    if size is None:
-        return None
-    seed = config.stash[_SEED_KEY]
-    return (
-        f"workers matrix sample: {size} of the {WORKERS_MATRIX_MARKER} cases, seed {seed} "
-        f"({WORKERS_SEED_VARIABLE}={seed} repeats it; `make test-workers` runs them all)"
-    )
+    if size is not None:
+        seed = config.stash[_SEED_KEY]
+        lines.append(
+            f"workers matrix sample: {size} of the {WORKERS_MATRIX_MARKER} cases, seed {seed} "
+            f"({WORKERS_SEED_VARIABLE}={seed} repeats it; `make test-workers` runs them all)"
+        )
+    size = config.stash[_CORPUS_SAMPLE_KEY]
+    if size is not None:
+        seed = config.stash[_CORPUS_SEED_KEY]
+        lines.append(
+            f"corpus sample: {size} of the projects in tests/corpus/projects, seed {seed} "
+            f"({CORPUS_SEED_VARIABLE}={seed} repeats it; `make corpus` runs them all)"
+        )
+    return lines
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With ``MIDEPOCH_WORKERS_SAMPLE=K``: keep K of the collected `workers_matrix` cases, deselect the others."""
+    """With ``MIDEPOCH_WORKERS_SAMPLE=K``: keep K of the collected `workers_matrix` cases, deselect the others.
+
+    With ``MIDEPOCH_CORPUS_SAMPLE=K``: keep K of the corpus's projects that are not `corpus_pending`.
+    """
+    _keep_corpus_sample(config, items)
     size = config.stash[_SAMPLE_KEY]
     if size is None:
         return
@@ -158,3 +189,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=[item for item in items if item.nodeid in dropped])
         items[:] = [item for item in items if item.nodeid not in dropped]
+
+
+def _keep_corpus_sample(config: pytest.Config, items: list[pytest.Item]) -> None:
+    size = config.stash[_CORPUS_SAMPLE_KEY]
+    if size is None:
+        return
+    projects = [item for item in items if item.get_closest_marker("corpus") is not None]
+    eligible = [item.nodeid for item in projects if item.get_closest_marker("corpus_pending") is None]
+    kept = set(sample_of_matrix(eligible, size, config.stash[_CORPUS_SEED_KEY]))
+    dropped = [item for item in projects if item.nodeid not in kept]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item not in dropped]

@@ -22,19 +22,24 @@ runner then checks, in this process:
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import importlib
 import json
+import logging
 import pkgutil
 import random
+import shutil
 import sys
 import tempfile
+import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -103,7 +108,10 @@ class _Recorder(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         moment = (trainer.current_epoch, batch_idx)
         if moment in self.run.save_at:
-            trainer.save_checkpoint(self.run.save_at[moment])
+            path = self.run.save_at[moment]
+            trainer.save_checkpoint(path)
+            # the run's folder as a crash right here would leave it (ModelCheckpoint's files, logs), to resume in
+            shutil.copytree(self.run.root, folder_as_of(path))
 
 
 @dataclass
@@ -123,6 +131,7 @@ class Run:
     error: BaseException | None = None
     error_text: str = ""
     rng: dict[str, Any] = field(default_factory=dict)
+    final: dict[str, Any] = field(default_factory=dict)
 
     def callbacks(self, *project_callbacks: L.Callback) -> list[L.Callback]:
         """The project's callbacks, with ``MidEpochResume`` first when this run has it, and the runner's recorder."""
@@ -153,6 +162,11 @@ class Run:
         trainer.fit(model, ckpt_path=self.ckpt_path, **fit_kwargs)
 
 
+def folder_as_of(checkpoint: Path) -> Path:
+    """Where the runner keeps the run's folder as it was when ``checkpoint`` was written."""
+    return checkpoint.with_suffix(".folder")
+
+
 def scramble(seed: int) -> None:
     """Process-wide random states a fresh process could have; numpy's global generator keeps its bit generator."""
     torch.manual_seed(seed)
@@ -178,13 +192,17 @@ def fit_once(project: Any, run: Run) -> Run:
     with _isolated_process_state(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run.caught = caught
+        argv, sys.argv = sys.argv, [f"{project.__name__}.py"]  # what a script started without arguments sees
         try:
             project.main(run)
         except Exception as error:  # the runner classifies it: a crash is a finding, not the runner's failure
             run.error = error
             run.error_text = "".join(traceback.format_exception_only(type(error), error)).strip()
         finally:
+            sys.argv = argv
             run.rng = random_streams()
+            if run.fitted_trainer is not None:
+                run.final = copy.deepcopy(final_state(run))  # as the fit left it, before anything else runs
     return run
 
 
@@ -206,7 +224,7 @@ def final_state(run: Run) -> dict[str, Any]:
         for callback in trainer.callbacks
         if not isinstance(callback, (_Recorder, MidEpochResume))
     }
-    return {
+    state = {
         "weights": model.state_dict(),
         "optimizers": [optimizer.state_dict() for optimizer in trainer.optimizers],
         "schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
@@ -215,6 +233,18 @@ def final_state(run: Run) -> dict[str, Any]:
         "epoch": trainer.current_epoch,
         "random streams": run.rng,
     }
+    return _without_root(state, str(run.root))
+
+
+def _without_root(value: Any, root: str) -> Any:
+    """``value`` with the run's folder in strings replaced by ``<root>``: each run writes its files in its own."""
+    if isinstance(value, str):
+        return value.replace(root, "<root>")
+    if isinstance(value, dict):
+        return {_without_root(k, root): _without_root(v, root) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_without_root(v, root) for v in value) if not hasattr(value, "_fields") else value
+    return value
 
 
 def differences(expected: Run, actual: Run, skip_batches: int = 0) -> list[str]:
@@ -224,15 +254,29 @@ def differences(expected: Run, actual: Run, skip_batches: int = 0) -> list[str]:
     if actual.seen != tail:
         first = next((i for i, (a, b) in enumerate(zip(tail, actual.seen)) if a != b), min(len(tail), len(actual.seen)))
         found.append(
-            f"batches differ from the {first + 1}th on ({len(actual.seen)} seen, {len(tail)} expected; "
+            f"batches differ from resumed batch {first + 1} on ({len(actual.seen)} seen, {len(tail)} expected; "
             f"expected {tail[first] if first < len(tail) else None}, got "
             f"{actual.seen[first] if first < len(actual.seen) else None})"
         )
-    mine, theirs = final_state(expected), final_state(actual)
+    mine, theirs = expected.final, actual.final
     for key in mine:
         if not _equal(mine[key], theirs[key]):
-            found.append(f"{key} differ")
+            found.append(f"{key} differ ({_where(mine[key], theirs[key], key)})")
     return found
+
+
+def _where(first: Any, second: Any, path: str) -> str:
+    """The first place (a path of keys) where two states differ, with both values when they are short."""
+    if isinstance(first, dict) and isinstance(second, dict):
+        if first.keys() != second.keys():
+            return f"{path}: keys {sorted(map(str, first.keys() ^ second.keys()))} in one only"
+        key = next(k for k in first if not _equal(first[k], second[k]))
+        return _where(first[key], second[key], f"{path}.{key}")
+    if isinstance(first, (list, tuple)) and isinstance(second, (list, tuple)) and len(first) == len(second):
+        index = next(i for i, (a, b) in enumerate(zip(first, second)) if not _equal(a, b))
+        return _where(first[index], second[index], f"{path}[{index}]")
+    text = f"{first!r} vs {second!r}"
+    return path if len(text) > 120 or isinstance(first, torch.Tensor) else f"{path}: {text}"
 
 
 @dataclass
@@ -314,6 +358,13 @@ def _resume_warnings(run: Run) -> tuple[list[str], list[str]]:
     return before, after
 
 
+def _diverged(run: Run) -> list[str]:
+    """A project whose weights end as NaN or infinite compares nothing (NaN is not equal to itself): shrink it again."""
+    assert run.fitted_model is not None
+    bad = [name for name, value in run.fitted_model.named_parameters() if not bool(torch.isfinite(value).all())]
+    return [f"the project diverged: {', '.join(bad)} not finite in the stock fit"] if bad else []
+
+
 def _fit_failure(run: Run) -> list[str]:
     return [f"the fit raised {run.error_text}"] if run.error is not None else []
 
@@ -339,19 +390,25 @@ def classify_resume(full: Run, resumed: Run, done: int, moment: Moment) -> Resum
     return outcome
 
 
-def check(name: str, root: Path, only: Callable[[Moment], bool] | None = None) -> ProjectResult:
-    """The whole check of one project, in folders under ``root``."""
-    import time
+def check(
+    name: str | ModuleType, root: Path, *, only: Callable[[Moment], bool] | None = None, with_callback: bool = True
+) -> ProjectResult:
+    """The whole check of one project, in folders under ``root``.
 
+    The fit that writes the checkpoints runs in ``root/run``; each resume runs in that same folder (as a user resumes
+    where the run wrote its files), as it was when its checkpoint was written. ``name``: a project of the corpus, or
+    a module of the same shape; ``with_callback=False`` writes the checkpoints and resumes as stock Lightning does
+    (the runner's own tests).
+    """
     start = time.perf_counter()
-    project = load(name)
-    align = getattr(project, "ALIGN", 1)
+    project = load(name) if isinstance(name, str) else name
     stock = fit_once(project, Run(root / "stock", callback=False))
     ours = fit_once(project, Run(root / "with-callback", callback=True))
-    transparency = _fit_failure(stock) or _fit_failure(ours) or differences(stock, ours)
-    chosen = moments(stock, align) if stock.seen else []
-    checkpoints = {(m.epoch, m.batch): root / "saving" / f"{m.epoch}-{m.batch}.ckpt" for m in chosen}
-    saving_run = fit_once(project, Run(root / "saving", callback=True, save_at=checkpoints))
+    transparency = _fit_failure(stock) or _fit_failure(ours) or _diverged(stock) or differences(stock, ours)
+    chosen = moments(stock, getattr(project, "ALIGN", 1)) if stock.seen else []
+    checkpoints = {(m.epoch, m.batch): root / "moments" / f"{m.epoch}-{m.batch}.ckpt" for m in chosen}
+    run_folder = root / "run"
+    saving_run = fit_once(project, Run(run_folder, callback=with_callback, save_at=checkpoints))
     saving = _fit_failure(saving_run) or differences(stock, saving_run)
     resumes = []
     for index, moment in enumerate(chosen):
@@ -361,13 +418,15 @@ def check(name: str, root: Path, only: Callable[[Moment], bool] | None = None) -
         if not path.exists():
             resumes.append(ResumeOutcome(moment.name, moment.epoch, moment.batch, "FAIL", "no checkpoint written"))
             continue
+        shutil.rmtree(run_folder)
+        shutil.copytree(folder_as_of(path), run_folder)
         done = 1 + next(i for i, s in enumerate(stock.seen) if (s[0], s[1]) == (moment.epoch, moment.batch))
         resumed = fit_once(
-            project, Run(root / f"resumed-{index}", callback=True, ckpt_path=path, scramble_seed=1000 + index)
+            project, Run(run_folder, callback=with_callback, ckpt_path=path, scramble_seed=1000 + index)
         )
         resumes.append(classify_resume(stock, resumed, done, moment))
     return ProjectResult(
-        name, project.FOLLOWS, not transparency, transparency, not saving, saving, resumes, time.perf_counter() - start
+        project.__name__.rpartition(".")[2], project.FOLLOWS, not transparency, transparency, not saving, saving, resumes, time.perf_counter() - start
     )
 
 
@@ -396,9 +455,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="projects to run (default: all)")
     parser.add_argument("--out", type=Path, help="write each project's result as NAME.json here")
+    parser.add_argument("--table", type=Path, metavar="DIR", help="only print the table of the results in DIR")
     args = parser.parse_args(argv)
+    if args.table is not None:
+        print(table([json.loads(path.read_text()) for path in sorted(args.table.glob("*.json"))]))
+        return 0
     failed = 0
     rows = []
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):  # Lightning's informational lines
+        logging.getLogger(name).setLevel(logging.WARNING)
     for name in args.names or project_names():
         with tempfile.TemporaryDirectory() as directory:
             result = check(name, Path(directory))

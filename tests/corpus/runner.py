@@ -49,6 +49,7 @@ if __package__ in (None, ""):  # run as a script: make `corpus` and the tests' h
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lightning.pytorch as L
+
 from harness import _equal
 from lightning_midepoch import MidEpochResume
 
@@ -218,7 +219,8 @@ def random_streams() -> dict[str, Any]:
 def final_state(run: Run) -> dict[str, Any]:
     """Everything a fit ends with that the next step of training would use."""
     trainer, model = run.fitted_trainer, run.fitted_model
-    assert trainer is not None and model is not None, "the project's main() never called run.fit()"
+    if trainer is None or model is None:
+        raise RuntimeError("the project's main() never called run.fit()")
     callbacks = {
         type(callback).__qualname__: callback.state_dict()
         for callback in trainer.callbacks
@@ -252,7 +254,10 @@ def differences(expected: Run, actual: Run, skip_batches: int = 0) -> list[str]:
     found = []
     tail = expected.seen[skip_batches:]
     if actual.seen != tail:
-        first = next((i for i, (a, b) in enumerate(zip(tail, actual.seen)) if a != b), min(len(tail), len(actual.seen)))
+        first = next(
+            (i for i, (a, b) in enumerate(zip(tail, actual.seen, strict=False)) if a != b),
+            min(len(tail), len(actual.seen)),
+        )
         found.append(
             f"batches differ from resumed batch {first + 1} on ({len(actual.seen)} seen, {len(tail)} expected; "
             f"expected {tail[first] if first < len(tail) else None}, got "
@@ -273,7 +278,7 @@ def _where(first: Any, second: Any, path: str) -> str:
         key = next(k for k in first if not _equal(first[k], second[k]))
         return _where(first[key], second[key], f"{path}.{key}")
     if isinstance(first, (list, tuple)) and isinstance(second, (list, tuple)) and len(first) == len(second):
-        index = next(i for i, (a, b) in enumerate(zip(first, second)) if not _equal(a, b))
+        index = next(i for i, (a, b) in enumerate(zip(first, second, strict=True)) if not _equal(a, b))
         return _where(first[index], second[index], f"{path}[{index}]")
     text = f"{first!r} vs {second!r}"
     return path if len(text) > 120 or isinstance(first, torch.Tensor) else f"{path}: {text}"
@@ -342,8 +347,10 @@ class ProjectResult:
         if not self.saving_transparent:
             lines.append(f"  a fit that writes checkpoints differs from stock: {'; '.join(self.saving)}")
         for resume in self.resumes:
-            lines.append(f"  resume at {resume.moment} (epoch {resume.epoch}, batch {resume.batch}): "
-                         f"{resume.outcome} {resume.detail}".rstrip())
+            lines.append(
+                f"  resume at {resume.moment} (epoch {resume.epoch}, batch {resume.batch}): "
+                f"{resume.outcome} {resume.detail}".rstrip()
+            )
         return "\n".join(lines)
 
 
@@ -421,13 +428,11 @@ def check(
         shutil.rmtree(run_folder)
         shutil.copytree(folder_as_of(path), run_folder)
         done = 1 + next(i for i, s in enumerate(stock.seen) if (s[0], s[1]) == (moment.epoch, moment.batch))
-        resumed = fit_once(
-            project, Run(run_folder, callback=with_callback, ckpt_path=path, scramble_seed=1000 + index)
-        )
+        resumed = fit_once(project, Run(run_folder, callback=with_callback, ckpt_path=path, scramble_seed=1000 + index))
         resumes.append(classify_resume(stock, resumed, done, moment))
-    return ProjectResult(
-        project.__name__.rpartition(".")[2], project.FOLLOWS, not transparency, transparency, not saving, saving, resumes, time.perf_counter() - start
-    )
+    name = project.__name__.rpartition(".")[2]
+    elapsed = time.perf_counter() - start
+    return ProjectResult(name, project.FOLLOWS, not transparency, transparency, not saving, saving, resumes, elapsed)
 
 
 # ---------------------------------------------------------------- the table
@@ -446,8 +451,9 @@ def table(results: list[dict[str, Any]]) -> str:
                 text += f": {resume['detail'][:300]}"
             cells.append(text.replace("|", "\\|").replace("\n", " "))
         cells += [""] * (3 - len(cells))
-        lines.append(f"| {result['name']} | {result['follows']} | {equal} | {' | '.join(cells)} | "
-                     f"{result['seconds']:.0f} |")
+        lines.append(
+            f"| {result['name']} | {result['follows']} | {equal} | {' | '.join(cells)} | {result['seconds']:.0f} |"
+        )
     return "\n".join(lines)
 
 

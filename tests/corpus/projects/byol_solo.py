@@ -15,12 +15,11 @@ from __future__ import annotations
 import copy
 import math
 
+import lightning.pytorch as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
-
-import lightning.pytorch as L
 
 from ._data import SyntheticImages, random_crop_flip
 
@@ -71,8 +70,11 @@ class BYOL(L.LightningModule):
         with torch.no_grad():
             z1 = self.momentum_projector(self.momentum_backbone(x1))
             z2 = self.momentum_projector(self.momentum_backbone(x2))
-        loss = 2 - F.cosine_similarity(p1, z2.detach(), dim=-1).mean() - F.cosine_similarity(p2, z1.detach(),
-                                                                                             dim=-1).mean()
+        loss = (
+            2
+            - F.cosine_similarity(p1, z2.detach(), dim=-1).mean()
+            - F.cosine_similarity(p2, z1.detach(), dim=-1).mean()
+        )
         self.log("train_loss", loss)
         self.log("tau", self.tau())
         return loss
@@ -80,13 +82,16 @@ class BYOL(L.LightningModule):
     def on_train_batch_end(self, outputs, batch, batch_idx):
         tau = self.tau()
         for online, target in ((self.backbone, self.momentum_backbone), (self.projector, self.momentum_projector)):
-            for p_online, p_target in zip(online.parameters(), target.parameters()):
+            for p_online, p_target in zip(online.parameters(), target.parameters(), strict=True):
                 p_target.data.mul_(tau).add_((1 - tau) * p_online.data)
 
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(
             [*self.backbone.parameters(), *self.projector.parameters(), *self.predictor.parameters()],
-            lr=self.hparams.lr, momentum=0.9, weight_decay=1e-5)
+            lr=self.hparams.lr,
+            momentum=0.9,
+            weight_decay=1e-5,
+        )
         total = self.trainer.estimated_stepping_batches
         warmup = self.hparams.warmup_epochs * (total / self.trainer.max_epochs)
 

@@ -10,12 +10,11 @@ net with BatchNorm, 32 training images, 3 epochs.
 
 from __future__ import annotations
 
+import lightning.pytorch as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
-
-import lightning.pytorch as L
 
 from ._data import SyntheticImages, random_crop_flip
 
@@ -44,8 +43,14 @@ class LitResnet(L.LightningModule):
     def __init__(self, lr: float = 0.05) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
-                                   nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+        self.model = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1, bias=False),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(8, 10),
+        )
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -60,10 +65,12 @@ class LitResnet(L.LightningModule):
         self.log("val_acc", (logits.argmax(dim=1) == y).float().mean(), prog_bar=True)
 
     def configure_optimizers(self):
-        optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9, weight_decay=5e-4,
-                                    nesterov=True)
-        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, 0.1,
-                                                        total_steps=self.trainer.estimated_stepping_batches)
+        optimizer = torch.optim.SGD(
+            self.parameters(), lr=self.hparams.lr, momentum=0.9, weight_decay=5e-4, nesterov=True
+        )
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, 0.1, total_steps=self.trainer.estimated_stepping_batches
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 

@@ -12,11 +12,10 @@ encoder of width 16, 48 training pairs, 2 epochs. Needs ``datasets`` (installed 
 
 from __future__ import annotations
 
+import lightning.pytorch as L
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
-
-import lightning.pytorch as L
 
 FOLLOWS = "Lightning tutorial text-transformers (GLUETransformer, GLUEDataModule), with HF datasets"
 #: fails on main until the package fixes it (never in `make test`'s sample; `make corpus` runs it)
@@ -35,7 +34,7 @@ def linear_schedule_with_warmup(optimizer, num_warmup_steps: int, num_training_s
 
 def tokenize(batch: dict) -> dict:
     """A tokenizer's output for sentence pairs: ids with [CLS]=1 and [SEP]=2, of varying lengths."""
-    ids = [[1, *a, 2, *b, 2] for a, b in zip(batch["sentence1"], batch["sentence2"])]
+    ids = [[1, *a, 2, *b, 2] for a, b in zip(batch["sentence1"], batch["sentence2"], strict=True)]
     return {"input_ids": ids, "attention_mask": [[1] * len(i) for i in ids]}
 
 
@@ -61,10 +60,16 @@ class GLUEDataModule(L.LightningDataModule):
         generator = torch.Generator().manual_seed(0)
         rows = {"sentence1": [], "sentence2": [], "label": []}
         for _ in range(60):
-            rows["sentence1"].append(torch.randint(3, VOCAB, (int(torch.randint(2, 7, (1,), generator=generator)),),
-                                                   generator=generator).tolist())
-            rows["sentence2"].append(torch.randint(3, VOCAB, (int(torch.randint(2, 7, (1,), generator=generator)),),
-                                                   generator=generator).tolist())
+            rows["sentence1"].append(
+                torch.randint(
+                    3, VOCAB, (int(torch.randint(2, 7, (1,), generator=generator)),), generator=generator
+                ).tolist()
+            )
+            rows["sentence2"].append(
+                torch.randint(
+                    3, VOCAB, (int(torch.randint(2, 7, (1,), generator=generator)),), generator=generator
+                ).tolist()
+            )
             rows["label"].append(int(torch.randint(0, 2, (1,), generator=generator)))
         dataset = datasets.Dataset.from_dict(rows).train_test_split(test_size=12, shuffle=False)
         self.dataset = {}
@@ -74,8 +79,7 @@ class GLUEDataModule(L.LightningDataModule):
             self.dataset[split] = data
 
     def train_dataloader(self):
-        return DataLoader(self.dataset["train"], batch_size=self.train_batch_size, shuffle=True,
-                          collate_fn=pad_collate)
+        return DataLoader(self.dataset["train"], batch_size=self.train_batch_size, shuffle=True, collate_fn=pad_collate)
 
     def val_dataloader(self):
         return DataLoader(self.dataset["test"], batch_size=self.eval_batch_size, collate_fn=pad_collate)
@@ -109,10 +113,11 @@ class GLUETransformer(L.LightningModule):
     def configure_optimizers(self):
         no_decay = ["bias", "norm"]
         grouped = [
-            {"params": [p for n, p in self.named_parameters() if not any(nd in n for nd in no_decay)],
-             "weight_decay": self.hparams.weight_decay},
-            {"params": [p for n, p in self.named_parameters() if any(nd in n for nd in no_decay)],
-             "weight_decay": 0.0},
+            {
+                "params": [p for n, p in self.named_parameters() if not any(nd in n for nd in no_decay)],
+                "weight_decay": self.hparams.weight_decay,
+            },
+            {"params": [p for n, p in self.named_parameters() if any(nd in n for nd in no_decay)], "weight_decay": 0.0},
         ]
         optimizer = torch.optim.AdamW(grouped, lr=self.hparams.learning_rate)
         scheduler = linear_schedule_with_warmup(

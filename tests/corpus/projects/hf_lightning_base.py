@@ -13,11 +13,10 @@ sequences, 2 epochs.
 
 from __future__ import annotations
 
+import lightning.pytorch as L
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
-
-import lightning.pytorch as L
 
 from ._data import tokens
 

@@ -12,12 +12,11 @@ small MLP, 3 epochs.
 
 from __future__ import annotations
 
+import lightning.pytorch as L
 import torch
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler
-
-import lightning.pytorch as L
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 FOLLOWS = "WeightedRandomSampler for class imbalance + ReduceLROnPlateau + EarlyStopping + ModelCheckpoint"
 #: fails on main until the package fixes it (never in `make test`'s sample; `make corpus` runs it)
@@ -61,9 +60,19 @@ def main(run) -> None:
     class_count = torch.bincount(labels)
     weights = (1.0 / class_count[labels]).double()
     sampler = WeightedRandomSampler(weights, num_samples=len(weights), replacement=True)
-    checkpoint = ModelCheckpoint(dirpath=run.root / "ckpts", monitor="val_loss", save_top_k=2, save_last=True,
-                                 every_n_train_steps=4)
-    trainer = run.trainer(EarlyStopping(monitor="val_loss", patience=3), checkpoint, max_epochs=3,
-                          val_check_interval=0.5, enable_checkpointing=True)
-    run.fit(trainer, Classifier(), train_dataloaders=DataLoader(train, batch_size=4, sampler=sampler),
-            val_dataloaders=DataLoader(imbalanced(12, 1), batch_size=6))
+    checkpoint = ModelCheckpoint(
+        dirpath=run.root / "ckpts", monitor="val_loss", save_top_k=2, save_last=True, every_n_train_steps=4
+    )
+    trainer = run.trainer(
+        EarlyStopping(monitor="val_loss", patience=3),
+        checkpoint,
+        max_epochs=3,
+        val_check_interval=0.5,
+        enable_checkpointing=True,
+    )
+    run.fit(
+        trainer,
+        Classifier(),
+        train_dataloaders=DataLoader(train, batch_size=4, sampler=sampler),
+        val_dataloaders=DataLoader(imbalanced(12, 1), batch_size=6),
+    )

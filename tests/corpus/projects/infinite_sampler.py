@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import itertools
 
+import lightning.pytorch as L
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Sampler
-
-import lightning.pytorch as L
 
 from ._data import SyntheticImages
 

@@ -8,11 +8,10 @@ training samples, 3 epochs.
 
 from __future__ import annotations
 
+import lightning.pytorch as L
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, random_split
-
-import lightning.pytorch as L
 
 from ._data import SyntheticImages
 

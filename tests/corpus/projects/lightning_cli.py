@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import lightning.pytorch as L
 import torch
+from lightning.pytorch.cli import LightningCLI
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset, random_split
-
-import lightning.pytorch as L
-from lightning.pytorch.cli import LightningCLI
 
 FOLLOWS = "Lightning docs: LightningCLI with a YAML config (optimizer and lr_scheduler from YAML)"
 

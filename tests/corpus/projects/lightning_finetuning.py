@@ -10,13 +10,12 @@ every epoch), a validation loader. Shrunk: 3x8x8 synthetic images, a two-block c
 
 from __future__ import annotations
 
+import lightning.pytorch as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks.finetuning import BaseFinetuning
 from torch import nn
 from torch.utils.data import DataLoader
-
-import lightning.pytorch as L
-from lightning.pytorch.callbacks.finetuning import BaseFinetuning
 
 from ._data import SyntheticImages, random_crop_flip
 
@@ -36,11 +35,13 @@ class MilestonesFinetuning(BaseFinetuning):
 
     def finetune_function(self, pl_module, epoch, optimizer):
         if epoch == self.milestones[0]:
-            self.unfreeze_and_add_param_group(modules=pl_module.feature_extractor[-3:], optimizer=optimizer,
-                                              train_bn=self.train_bn)
+            self.unfreeze_and_add_param_group(
+                modules=pl_module.feature_extractor[-3:], optimizer=optimizer, train_bn=self.train_bn
+            )
         elif epoch == self.milestones[1]:
-            self.unfreeze_and_add_param_group(modules=pl_module.feature_extractor[:-3], optimizer=optimizer,
-                                              train_bn=self.train_bn)
+            self.unfreeze_and_add_param_group(
+                modules=pl_module.feature_extractor[:-3], optimizer=optimizer, train_bn=self.train_bn
+            )
 
 
 class TransferLearningModel(L.LightningModule):
@@ -48,8 +49,12 @@ class TransferLearningModel(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.feature_extractor = nn.Sequential(
-            nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
-            nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+            nn.Conv2d(3, 4, 3, padding=1),
+            nn.BatchNorm2d(4),
+            nn.ReLU(),
+            nn.Conv2d(4, 4, 3, padding=1),
+            nn.BatchNorm2d(4),
+            nn.ReLU(),
         )
         self.fc = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 10))
 
@@ -75,8 +80,9 @@ class TransferLearningModel(L.LightningModule):
 
 def main(run) -> None:
     L.seed_everything(42)
-    train = DataLoader(SyntheticImages(32, (3, 8, 8), transform=random_crop_flip), batch_size=4, shuffle=True,
-                       num_workers=2)
+    train = DataLoader(
+        SyntheticImages(32, (3, 8, 8), transform=random_crop_flip), batch_size=4, shuffle=True, num_workers=2
+    )
     val = DataLoader(SyntheticImages(8, (3, 8, 8)), batch_size=4)
     trainer = run.trainer(MilestonesFinetuning(), max_epochs=3)
     run.fit(trainer, TransferLearningModel(), train_dataloaders=train, val_dataloaders=val)

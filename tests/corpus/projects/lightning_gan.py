@@ -8,12 +8,11 @@ generated from ``validation_z``), ``log_dict``. Shrunk: 8x8 synthetic images, ML
 
 from __future__ import annotations
 
+import lightning.pytorch as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
-
-import lightning.pytorch as L
 
 from ._data import SyntheticImages
 

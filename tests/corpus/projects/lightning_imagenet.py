@@ -9,12 +9,11 @@ weight decay, ``LambdaLR(lambda epoch: 0.1 ** (epoch // 30))`` stepped each epoc
 
 from __future__ import annotations
 
+import lightning.pytorch as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
-
-import lightning.pytorch as L
 
 from ._data import SyntheticImages, random_crop_flip
 
@@ -22,12 +21,19 @@ FOLLOWS = "Lightning examples/pytorch/domain_templates/imagenet.py"
 
 
 class ImageNetLightningModel(L.LightningModule):
-    def __init__(self, lr: float = 0.1, momentum: float = 0.9, weight_decay: float = 1e-4, batch_size: int = 4,
-                 workers: int = 2) -> None:
+    def __init__(
+        self, lr: float = 0.1, momentum: float = 0.9, weight_decay: float = 1e-4, batch_size: int = 4, workers: int = 2
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
-                                   nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(16, 10))
+        self.model = nn.Sequential(
+            nn.Conv2d(3, 4, 3, padding=1),
+            nn.BatchNorm2d(4),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(2),
+            nn.Flatten(),
+            nn.Linear(16, 10),
+        )
 
     def forward(self, x):
         return self.model(x)
@@ -47,8 +53,12 @@ class ImageNetLightningModel(L.LightningModule):
         self.log("val_acc1", (output.argmax(-1) == target).float().mean(), sync_dist=True)
 
     def configure_optimizers(self):
-        optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=self.hparams.momentum,
-                                    weight_decay=self.hparams.weight_decay)
+        optimizer = torch.optim.SGD(
+            self.parameters(),
+            lr=self.hparams.lr,
+            momentum=self.hparams.momentum,
+            weight_decay=self.hparams.weight_decay,
+        )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: 0.1 ** (epoch // 30))
         return [optimizer], [scheduler]
 
@@ -58,8 +68,9 @@ class ImageNetLightningModel(L.LightningModule):
             self.val_dataset = SyntheticImages(8, (3, 8, 8))
 
     def train_dataloader(self):
-        return DataLoader(self.train_dataset, batch_size=self.hparams.batch_size, shuffle=True,
-                          num_workers=self.hparams.workers)
+        return DataLoader(
+            self.train_dataset, batch_size=self.hparams.batch_size, shuffle=True, num_workers=self.hparams.workers
+        )
 
     def val_dataloader(self):
         return DataLoader(self.val_dataset, batch_size=self.hparams.batch_size, num_workers=0)

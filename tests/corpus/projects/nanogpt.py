@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import math
 
+import lightning.pytorch as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-
-import lightning.pytorch as L
 
 from ._data import tokens
 
@@ -41,8 +40,16 @@ class Blocks(Dataset):
 
 
 class GPT(L.LightningModule):
-    def __init__(self, n_embd: int = 16, dropout: float = 0.1, learning_rate: float = 6e-3, min_lr: float = 6e-4,
-                 warmup_iters: int = 4, lr_decay_iters: int = 20, weight_decay: float = 0.1) -> None:
+    def __init__(
+        self,
+        n_embd: int = 16,
+        dropout: float = 0.1,
+        learning_rate: float = 6e-3,
+        min_lr: float = 6e-4,
+        warmup_iters: int = 4,
+        lr_decay_iters: int = 20,
+        weight_decay: float = 0.1,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.wte = nn.Embedding(VOCAB, n_embd)
@@ -83,8 +90,11 @@ class GPT(L.LightningModule):
         no_decay = [p for p in self.parameters() if p.dim() < 2]
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": self.hparams.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=self.hparams.learning_rate, betas=(0.9, 0.95))
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: self.get_lr(it) / self.hparams.learning_rate)
+            lr=self.hparams.learning_rate,
+            betas=(0.9, 0.95),
+        )
+        peak = self.hparams.learning_rate
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: self.get_lr(it) / peak)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
@@ -92,7 +102,12 @@ def main(run) -> None:
     L.seed_everything(1337)
     data = tokens(26 * BLOCK + 1 + 6 * BLOCK + 1, VOCAB)
     train, val = Blocks(data[: 26 * BLOCK + 1]), Blocks(data[26 * BLOCK :])
-    trainer = run.trainer(max_steps=20, max_epochs=-1, accumulate_grad_batches=2, gradient_clip_val=1.0,
-                          val_check_interval=4)
-    run.fit(trainer, GPT(), train_dataloaders=DataLoader(train, batch_size=4, shuffle=True),
-            val_dataloaders=DataLoader(val, batch_size=4))
+    trainer = run.trainer(
+        max_steps=20, max_epochs=-1, accumulate_grad_batches=2, gradient_clip_val=1.0, val_check_interval=4
+    )
+    run.fit(
+        trainer,
+        GPT(),
+        train_dataloaders=DataLoader(train, batch_size=4, shuffle=True),
+        val_dataloaders=DataLoader(val, batch_size=4),
+    )

@@ -9,12 +9,11 @@ generation" docs), the dataset's transforms draw brightness/contrast jitter and 
 
 from __future__ import annotations
 
+import lightning.pytorch as L
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
-
-import lightning.pytorch as L
 
 from ._data import SyntheticImages
 

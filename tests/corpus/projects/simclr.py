@@ -11,12 +11,11 @@ encoder, 3 epochs.
 
 from __future__ import annotations
 
+import lightning.pytorch as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
-
-import lightning.pytorch as L
 
 from ._data import SyntheticImages, random_crop_flip
 
@@ -37,18 +36,31 @@ class ContrastiveTransformations:
 
 
 class SimCLR(L.LightningModule):
-    def __init__(self, hidden_dim: int = 8, lr: float = 5e-3, temperature: float = 0.07, weight_decay: float = 1e-4,
-                 max_epochs: int = 3) -> None:
+    def __init__(
+        self,
+        hidden_dim: int = 8,
+        lr: float = 5e-3,
+        temperature: float = 0.07,
+        weight_decay: float = 1e-4,
+        max_epochs: int = 3,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.convnet = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                                     nn.Linear(8, 4 * hidden_dim), nn.ReLU(inplace=True),
-                                     nn.Linear(4 * hidden_dim, hidden_dim))
+        self.convnet = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(8, 4 * hidden_dim),
+            nn.ReLU(inplace=True),
+            nn.Linear(4 * hidden_dim, hidden_dim),
+        )
 
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
-        lr_scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=self.hparams.max_epochs,
-                                                                  eta_min=self.hparams.lr / 50)
+        lr_scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
+            optimizer, T_max=self.hparams.max_epochs, eta_min=self.hparams.lr / 50
+        )
         return [optimizer], [lr_scheduler]
 
     def info_nce_loss(self, batch, mode: str = "train"):
@@ -73,9 +85,9 @@ class SimCLR(L.LightningModule):
 def main(run) -> None:
     L.seed_everything(42)
     transform = ContrastiveTransformations(n_views=2)
-    train = DataLoader(SyntheticImages(32, (3, 8, 8), transform=transform), batch_size=4, shuffle=True,
-                       drop_last=True, num_workers=2)
-    val = DataLoader(SyntheticImages(8, (3, 8, 8), transform=transform), batch_size=4, drop_last=False,
-                     num_workers=0)
+    train = DataLoader(
+        SyntheticImages(32, (3, 8, 8), transform=transform), batch_size=4, shuffle=True, drop_last=True, num_workers=2
+    )
+    val = DataLoader(SyntheticImages(8, (3, 8, 8), transform=transform), batch_size=4, drop_last=False, num_workers=0)
     trainer = run.trainer(max_epochs=3)
     run.fit(trainer, SimCLR(), train_dataloaders=train, val_dataloaders=val)

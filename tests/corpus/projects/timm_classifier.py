@@ -16,12 +16,11 @@ import copy
 import math
 import random
 
+import lightning.pytorch as L
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, default_collate
-
-import lightning.pytorch as L
 
 from ._data import SyntheticImages
 
@@ -43,16 +42,24 @@ def random_erasing(x: torch.Tensor, probability: float = 0.5) -> torch.Tensor:
 class MixupCollate:
     """Batch-mode mixup or cutmix with label smoothing (timm's ``Mixup(mode="batch")``)."""
 
-    def __init__(self, mixup_alpha: float = 0.8, cutmix_alpha: float = 1.0, switch_prob: float = 0.5,
-                 smoothing: float = 0.1) -> None:
+    def __init__(
+        self, mixup_alpha: float = 0.8, cutmix_alpha: float = 1.0, switch_prob: float = 0.5, smoothing: float = 0.1
+    ) -> None:
         self.mixup_alpha, self.cutmix_alpha, self.switch_prob, self.smoothing = (
-            mixup_alpha, cutmix_alpha, switch_prob, smoothing)
+            mixup_alpha,
+            cutmix_alpha,
+            switch_prob,
+            smoothing,
+        )
 
     def __call__(self, samples):
         x, y = default_collate(samples)
         use_cutmix = np.random.rand() < self.switch_prob
-        lam = float(np.random.beta(self.cutmix_alpha, self.cutmix_alpha) if use_cutmix
-                    else np.random.beta(self.mixup_alpha, self.mixup_alpha))
+        lam = float(
+            np.random.beta(self.cutmix_alpha, self.cutmix_alpha)
+            if use_cutmix
+            else np.random.beta(self.mixup_alpha, self.mixup_alpha)
+        )
         if use_cutmix:
             height, width = x.shape[-2:]
             ratio = math.sqrt(1 - lam)
@@ -81,9 +88,9 @@ class ModelEma(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         with torch.no_grad():
-            for ema, current in zip(self.ema.state_dict().values(), pl_module.model.state_dict().values()):
-                ema.copy_(ema * self.decay + (1 - self.decay) * current) if ema.is_floating_point() else ema.copy_(
-                    current)
+            pairs = zip(self.ema.state_dict().values(), pl_module.model.state_dict().values(), strict=True)
+            for ema, current in pairs:
+                ema.copy_(ema * self.decay + (1 - self.decay) * current if ema.is_floating_point() else current)
 
     def state_dict(self):
         return {"ema": self.ema.state_dict()} if self.ema is not None else {}
@@ -102,8 +109,14 @@ class TimmClassifier(L.LightningModule):
     def __init__(self, lr: float = 5e-3, warmup_steps: int = 4, total_steps: int = 30) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GELU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                                   nn.Dropout(0.2), nn.Linear(8, NUM_CLASSES))
+        self.model = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.GELU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Dropout(0.2),
+            nn.Linear(8, NUM_CLASSES),
+        )
 
     def training_step(self, batch, batch_idx):
         x, target = batch
@@ -127,7 +140,14 @@ class TimmClassifier(L.LightningModule):
 def main(run) -> None:
     L.seed_everything(42)
     dataset = SyntheticImages(40, (3, 8, 8), transform=random_erasing)
-    loader = DataLoader(dataset, batch_size=4, shuffle=True, num_workers=2, persistent_workers=True, drop_last=True,
-                        collate_fn=MixupCollate())
+    loader = DataLoader(
+        dataset,
+        batch_size=4,
+        shuffle=True,
+        num_workers=2,
+        persistent_workers=True,
+        drop_last=True,
+        collate_fn=MixupCollate(),
+    )
     trainer = run.trainer(ModelEma(), max_epochs=3)
     run.fit(trainer, TimmClassifier(), train_dataloaders=loader)

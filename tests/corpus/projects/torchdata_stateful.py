@@ -10,11 +10,10 @@ validation every epoch. Shrunk: 8x8 synthetic images, 32 of them, an MLP, 3 epoc
 
 from __future__ import annotations
 
+import lightning.pytorch as L
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
-
-import lightning.pytorch as L
 
 from ._data import SyntheticImages, random_crop_flip
 

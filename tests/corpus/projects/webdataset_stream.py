@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import random
 
+import lightning.pytorch as L
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-
-import lightning.pytorch as L
 
 from ._data import image, label
 

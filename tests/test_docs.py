@@ -122,6 +122,24 @@ def test_python_examples_are_executed(page):
             assert preceding.rfind("```{doctest}") > preceding.rfind("\n```\n"), f"{page.name}: {line}"
 
 
+#: The widest line of code a page shows without a scroll bar (the theme's content column in a 1280 px wide window).
+#: Lines of ```text and ```console wrap there instead (docs/_static/custom.css), but a message quoted in ```text is
+#: wrapped to this width too, except the verbatim output of `inspect` on its page.
+CODE_COLUMNS = 88
+_CODE = {"", "python", "bash", "shell", "{testcode}", "{testoutput}", "{doctest}", "{code-block}"}
+_BLOCK = re.compile(r"^(`{3,})[ \t]*(\{[^}]+\}|[\w+-]*)[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+# upstream.md is the upstream series' page, whose text its own helper writes
+@pytest.mark.parametrize("page", [page for page in PAGES if page.name != "upstream.md"], ids=lambda page: page.name)
+def test_code_blocks_fit_the_page_without_scrolling(page):
+    checked = _CODE if page.name == "inspect.md" else _CODE | {"text"}
+    for match in _BLOCK.finditer(page.read_text(encoding="utf-8")):
+        if match.group(2) in checked:
+            for line in match.group(3).splitlines():
+                assert len(line) <= CODE_COLUMNS, f"{page.name}: a code line of {len(line)} characters scrolls: {line}"
+
+
 def _constant_parts(node: ast.expr) -> list[str]:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return [node.value]
@@ -173,6 +191,71 @@ def test_readme_links_every_page_of_the_docs():
     links = set(re.findall(r"\]\(([^)#]+)", readme))
     pages = {f"docs/{page.name}" for page in PAGES} - {"docs/index.md", "docs/changelog.md", "docs/guide.md"}
     assert pages <= links, sorted(pages - links)
+
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+_FENCED = re.compile(r"^(`{3,}).*?^\1[ \t]*$", re.MULTILINE | re.DOTALL)
+_HEADING = re.compile(r"^(#{1,3}) (.+)$", re.MULTILINE)
+
+
+def _prose(text: str) -> str:
+    """The text outside fenced blocks and inline code, where links are links."""
+    return re.sub(r"`[^`\n]*`", "", _FENCED.sub("", text))
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors of a page's headings (levels 1 to 3: conf.py's myst_heading_anchors), made as MyST and GitHub do."""
+    from myst_parser.slugs import github_slugify
+
+    text = _FENCED.sub("", page.read_text(encoding="utf-8"))
+    titles = [re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", title) for _, title in _HEADING.findall(text)]
+    return {github_slugify(title.replace("`", "")) for title in titles}
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", *PAGES], ids=lambda page: page.name)
+def test_every_internal_link_resolves(page):
+    """Each relative link of the README and of the pages names a file that exists and, for a page, a heading in it.
+
+    Sphinx checks the links between pages too (``make docs`` fails on a missing one); this also covers the README,
+    which GitHub renders, in milliseconds."""
+    for target in _LINK.findall(_prose(page.read_text(encoding="utf-8"))):
+        if re.match(r"[a-z]+:", target):
+            continue  # http(s), mailto: not ours to check offline
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        assert linked.exists(), f"{page.name}: links to {target}, which does not exist"
+        if anchor and linked.suffix == ".md":
+            assert anchor in _anchors(linked), f"{page.name}: links to {target}, a heading that {path} does not have"
+
+
+def test_messages_name_pages_and_sections_that_exist():
+    """A message that sends the user to the docs names a page by its title, and a section of it that exists."""
+    titles = {page.read_text(encoding="utf-8").split("\n", 1)[0].removeprefix("# "): page for page in PAGES}
+    strings = [
+        node.value
+        for path in sorted(SRC.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    ]
+    named = [string for string in strings if "the docs' page" in string]
+    assert len(named) >= 2
+    for message in named:
+        for title, section in re.findall(r"the docs' page '([^']+)'(?:, section '([^']+)')?", message):
+            assert title in titles, f"a message names the page {title!r}, which no page of docs/ has as its title"
+            text = _FENCED.sub("", titles[title].read_text(encoding="utf-8"))
+            assert not section or f"## {section}\n" in text, f"{title!r} has no section {section!r}"
+
+
+def test_every_shown_example_file_is_run():
+    """A page that shows a file of docs/_examples (literalinclude) imports it in its testsetup, so that it runs."""
+    shown = 0
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for name in re.findall(r"^```\{literalinclude\} _examples/(\w+)\.py$", text, re.MULTILINE):
+            shown += 1
+            setups = re.findall(r"^```\{testsetup\}[^\n]*\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)
+            assert any(re.search(rf"^from {name} import", setup, re.MULTILINE) for setup in setups), page.name
+    assert shown == len(list((DOCS / "_examples").glob("*.py")))
 
 
 def test_readme_and_every_page_are_short():
@@ -232,9 +315,11 @@ def test_inventories_are_generated_by_their_script():
 
 
 def _exactness_rows() -> list[list[str]]:
+    """The rows of every table of exactness.md that has the columns Setting, Exact, Checked by, Notes."""
     text = (DOCS / "exactness.md").read_text()
-    table = text[text.index("| Setting | Exact |") :].split("\n\n", 1)[0]
-    return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in table.splitlines()[2:]]
+    tables = [table.split("\n\n", 1)[0] for table in text.split("| Setting | Exact |")[1:]]
+    lines = [line for table in tables for line in table.splitlines()[2:]]
+    return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines]
 
 
 def _test_functions() -> set[str]:
@@ -248,7 +333,7 @@ def _test_functions() -> set[str]:
 
 
 def test_every_claim_of_the_exactness_table_names_its_test():
-    """Each "yes" row of the exactness table names the test that checks it; each "no" or "partly" row names what a user
+    """Each "yes" row of the exactness tables names the test that checks it; each "no" or "partly" row names what a user
     sees (the warning, or why there is none); every test named exists."""
     defined = _test_functions()
     rows = _exactness_rows()

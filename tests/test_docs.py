@@ -8,6 +8,7 @@ including a crash and a resume) and the ``>>>`` examples of the API reference.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import os
 import re
@@ -152,11 +153,17 @@ def _constant_parts(node: ast.expr) -> list[str]:
 _WARN_CALLS = ("_compat.warn", "warn", "self.warn", "warnings.warn")
 
 
+@functools.cache
+def _modules() -> list[tuple[Path, ast.Module]]:
+    """The package's modules, parsed once for the tests that read its messages."""
+    return [(path, ast.parse(path.read_text(encoding="utf-8"))) for path in sorted(SRC.glob("*.py"))]
+
+
 def _messages() -> list[tuple[str, list[str]]]:
     """The literal text of every exception and warning the package raises or gives, per call site."""
     found = []
-    for path in sorted(SRC.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for path, tree in _modules():
+        for node in ast.walk(tree):
             call = None
             if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
                 # AttributeError from a __getattr__ is Python's attribute protocol, not a message of the package
@@ -233,8 +240,8 @@ def test_messages_name_pages_and_sections_that_exist():
     titles = {page.read_text(encoding="utf-8").split("\n", 1)[0].removeprefix("# "): page for page in PAGES}
     strings = [
         node.value
-        for path in sorted(SRC.glob("*.py"))
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        for _, tree in _modules()
+        for node in ast.walk(tree)
         if isinstance(node, ast.Constant) and isinstance(node.value, str)
     ]
     named = [string for string in strings if "the docs' page" in string]
@@ -322,6 +329,7 @@ def _exactness_rows() -> list[list[str]]:
     return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines]
 
 
+@functools.cache
 def _test_functions() -> set[str]:
     """Every ``tests/<file>::<function>`` defined in the test suite."""
     found = set()

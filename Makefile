@@ -146,11 +146,13 @@ test-workers: venv  ## the larger DataLoader-worker matrix of tests/test_workers
 CORPUS_OUT ?= corpus-results
 
 # Not part of CI. Every project of tests/corpus/projects (real projects' patterns, shrunk): the uninterrupted fit with
-# the callback against stock, a fit writing checkpoints, and resumes at three moments; each project's result as JSON
-# and the table in $(CORPUS_OUT)/table.md. A project marked pending fails until its package fix lands.
+# the callback against stock, a fit writing checkpoints, and resumes at three moments (and stock Lightning's resumes at
+# the same moments, for the table's last column); each project's result as JSON and the table in
+# $(CORPUS_OUT)/table.md. A project marked pending fails until its package fix lands.
 corpus: venv  ## every corpus project (tests/corpus): transparency and three resumes each; the table in corpus-results/
 	rm -rf $(CORPUS_OUT)
-	MIDEPOCH_REQUIRE_TEST_DEPS=1 MIDEPOCH_CORPUS_OUT=$(CORPUS_OUT) $(BIN)/python -m pytest tests/corpus -m corpus \
+	MIDEPOCH_REQUIRE_TEST_DEPS=1 MIDEPOCH_CORPUS_OUT=$(CORPUS_OUT) MIDEPOCH_CORPUS_STOCK=1 \
+		$(BIN)/python -m pytest tests/corpus -m corpus \
 		$(XDIST) -q -p no:cacheprovider --durations=0 --color=no; rc=$$?; \
 	$(BIN)/python tests/corpus/runner.py --table $(CORPUS_OUT) > $(CORPUS_OUT)/table.md; cat $(CORPUS_OUT)/table.md; \
 	exit $$rc

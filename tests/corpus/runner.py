@@ -35,7 +35,7 @@ import tempfile
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -335,6 +335,8 @@ class ProjectResult:
     saving: list[str]
     resumes: list[ResumeOutcome]
     seconds: float = 0.0
+    #: stock Lightning's resumes at the same moments (``check(compare_stock=True)``), for the table
+    stock_resumes: list[ResumeOutcome] | None = None
 
     @property
     def ok(self) -> bool:
@@ -398,14 +400,18 @@ def classify_resume(full: Run, resumed: Run, done: int, moment: Moment) -> Resum
 
 
 def check(
-    name: str | ModuleType, root: Path, *, only: Callable[[Moment], bool] | None = None, with_callback: bool = True
+    name: str | ModuleType,
+    root: Path,
+    *,
+    with_callback: bool = True,
+    compare_stock: bool = False,
 ) -> ProjectResult:
     """The whole check of one project, in folders under ``root``.
 
     The fit that writes the checkpoints runs in ``root/run``; each resume runs in that same folder (as a user resumes
     where the run wrote its files), as it was when its checkpoint was written. ``name``: a project of the corpus, or
     a module of the same shape; ``with_callback=False`` writes the checkpoints and resumes as stock Lightning does
-    (the runner's own tests).
+    (the runner's own tests); ``compare_stock`` also resumes stock Lightning at the same moments, for the table.
     """
     start = time.perf_counter()
     project = load(name) if isinstance(name, str) else name
@@ -413,14 +419,25 @@ def check(
     ours = fit_once(project, Run(root / "with-callback", callback=True))
     transparency = _fit_failure(stock) or _fit_failure(ours) or _diverged(stock) or differences(stock, ours)
     chosen = moments(stock, getattr(project, "ALIGN", 1)) if stock.seen else []
+    saving, resumes = _write_and_resume(project, stock, chosen, root / "ours", with_callback)
+    stock_resumes = _write_and_resume(project, stock, chosen, root / "theirs", False)[1] if compare_stock else None
+    name = project.__name__.rpartition(".")[2]
+    elapsed = time.perf_counter() - start
+    return ProjectResult(
+        name, project.FOLLOWS, not transparency, transparency, not saving, saving, resumes, elapsed, stock_resumes
+    )
+
+
+def _write_and_resume(
+    project: Any, stock: Run, chosen: list[Moment], root: Path, callback: bool
+) -> tuple[list[str], list[ResumeOutcome]]:
+    """A fit writing a checkpoint at each moment (what differs from ``stock``), and the resume from each."""
     checkpoints = {(m.epoch, m.batch): root / "moments" / f"{m.epoch}-{m.batch}.ckpt" for m in chosen}
     run_folder = root / "run"
-    saving_run = fit_once(project, Run(run_folder, callback=with_callback, save_at=checkpoints))
+    saving_run = fit_once(project, Run(run_folder, callback=callback, save_at=checkpoints))
     saving = _fit_failure(saving_run) or differences(stock, saving_run)
     resumes = []
     for index, moment in enumerate(chosen):
-        if only is not None and not only(moment):
-            continue
         path = checkpoints[(moment.epoch, moment.batch)]
         if not path.exists():
             resumes.append(ResumeOutcome(moment.name, moment.epoch, moment.batch, "FAIL", "no checkpoint written"))
@@ -428,19 +445,18 @@ def check(
         shutil.rmtree(run_folder)
         shutil.copytree(folder_as_of(path), run_folder)
         done = 1 + next(i for i, s in enumerate(stock.seen) if (s[0], s[1]) == (moment.epoch, moment.batch))
-        resumed = fit_once(project, Run(run_folder, callback=with_callback, ckpt_path=path, scramble_seed=1000 + index))
+        resumed = fit_once(project, Run(run_folder, callback=callback, ckpt_path=path, scramble_seed=1000 + index))
         resumes.append(classify_resume(stock, resumed, done, moment))
-    name = project.__name__.rpartition(".")[2]
-    elapsed = time.perf_counter() - start
-    return ProjectResult(name, project.FOLLOWS, not transparency, transparency, not saving, saving, resumes, elapsed)
+    return saving, resumes
 
 
 # ---------------------------------------------------------------- the table
 def table(results: list[dict[str, Any]]) -> str:
     """The corpus's table (markdown), one row per project, from :func:`check` results as dicts."""
     lines = [
-        "| project | follows | uninterrupted equal | early | mid-epoch | epoch's last batch (or late) | seconds |",
-        "|---|---|---|---|---|---|---|",
+        "| project | follows | uninterrupted equal | early | mid-epoch | epoch's last batch (or late) "
+        "| stock Lightning's three resumes | seconds |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for result in sorted(results, key=lambda r: r["name"]):
         equal = "y" if result["transparent"] and result["saving_transparent"] else "**n**"
@@ -451,8 +467,10 @@ def table(results: list[dict[str, Any]]) -> str:
                 text += f": {resume['detail'][:300]}"
             cells.append(text.replace("|", "\\|").replace("\n", " "))
         cells += [""] * (3 - len(cells))
+        stock = " / ".join(r["outcome"] for r in result.get("stock_resumes") or []) or "not run"
         lines.append(
-            f"| {result['name']} | {result['follows']} | {equal} | {' | '.join(cells)} | {result['seconds']:.0f} |"
+            f"| {result['name']} | {result['follows']} | {equal} | {' | '.join(cells)} | {stock} "
+            f"| {result['seconds']:.0f} |"
         )
     return "\n".join(lines)
 
@@ -461,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="projects to run (default: all)")
     parser.add_argument("--out", type=Path, help="write each project's result as NAME.json here")
+    parser.add_argument("--stock", action="store_true", help="also resume stock Lightning at the same moments")
     parser.add_argument("--table", type=Path, metavar="DIR", help="only print the table of the results in DIR")
     args = parser.parse_args(argv)
     if args.table is not None:
@@ -472,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.WARNING)
     for name in args.names or project_names():
         with tempfile.TemporaryDirectory() as directory:
-            result = check(name, Path(directory))
+            result = check(name, Path(directory), compare_stock=args.stock)
         print(result.explain(), flush=True)
         rows.append(asdict(result))
         failed += not result.ok

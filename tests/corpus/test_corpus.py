@@ -22,6 +22,8 @@ from corpus import runner
 from corpus.projects import lightning_autoencoder
 
 OUT_VARIABLE = "MIDEPOCH_CORPUS_OUT"
+#: set (`make corpus`): also resume stock Lightning at the same moments, for the table's last column
+STOCK_VARIABLE = "MIDEPOCH_CORPUS_STOCK"
 
 
 def _cases() -> list:
@@ -36,7 +38,7 @@ def _cases() -> list:
 @pytest.mark.parametrize("name", _cases())
 def test_project(name: str, tmp_path: Path) -> None:
     """Uninterrupted with the callback is stock's run; each of three resumes is exact, warned before, or an error."""
-    result = runner.check(name, tmp_path)
+    result = runner.check(name, tmp_path, compare_stock=os.environ.get(STOCK_VARIABLE) == "1")
     out = os.environ.get(OUT_VARIABLE)
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,7 @@ import json
 import logging
 import pkgutil
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -239,9 +240,12 @@ def final_state(run: Run) -> dict[str, Any]:
 
 
 def _without_root(value: Any, root: str) -> Any:
-    """``value`` with the run's folder in strings replaced by ``<root>``: each run writes its files in its own."""
+    """``value`` with the run's folder in strings replaced by ``<root>``: each run writes its files in its own.
+
+    A logger's ``version_N`` folder is ``version_*``: a resumed run logs into a new version, as stock's does.
+    """
     if isinstance(value, str):
-        return value.replace(root, "<root>")
+        return re.sub(r"([/\\])version_\d+([/\\]|$)", r"\1version_*\2", value.replace(root, "<root>"))
     if isinstance(value, dict):
         return {_without_root(k, root): _without_root(v, root) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -281,7 +285,7 @@ def _where(first: Any, second: Any, path: str) -> str:
         index = next(i for i, (a, b) in enumerate(zip(first, second, strict=True)) if not _equal(a, b))
         return _where(first[index], second[index], f"{path}[{index}]")
     text = f"{first!r} vs {second!r}"
-    return path if len(text) > 120 or isinstance(first, torch.Tensor) else f"{path}: {text}"
+    return path if len(text) > 240 or isinstance(first, torch.Tensor) else f"{path}: {text}"
 
 
 @dataclass

@@ -2,8 +2,10 @@
 
 Kept: the ``LitAutoEncoder`` with an encoder/decoder, ``MNISTDataModule``-style data module that splits its training
 set with ``random_split`` (a seeded generator) in ``setup``, ``shuffle=True`` training loader, a validation loader
-every epoch with ``num_sanity_val_steps`` left at Lightning's default, Adam. Shrunk: 8x8 synthetic "digits", 40
-training samples, 3 epochs.
+every epoch with ``num_sanity_val_steps`` left at Lightning's default, Adam, and the ``Trainer``'s defaults
+otherwise: the progress bar (it reads ``trainer.num_training_batches`` at each epoch's start), the model summary,
+the default logger writing into ``lightning_logs/`` and the default ``ModelCheckpoint`` saving each epoch.
+Shrunk: 8x8 synthetic "digits", 40 training samples, 3 epochs.
 """
 
 from __future__ import annotations
@@ -64,5 +66,7 @@ class MyDataModule(L.LightningDataModule):
 def main(run) -> None:
     L.seed_everything(42)
     model = LitAutoEncoder()
-    trainer = run.trainer(max_epochs=3)
+    trainer = run.trainer(
+        max_epochs=3, enable_progress_bar=True, enable_model_summary=True, logger=True, enable_checkpointing=True
+    )
     run.fit(trainer, model, datamodule=MyDataModule())

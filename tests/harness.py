@@ -219,6 +219,7 @@ class Config:
     multiprocessing_context: str | None = None  # the map-style loader's workers start this way ("spawn"); None: default
     pipeline: str | None = None  # the map-style dataset draws its augmentation as pipelines.PIPELINES[name] does
     in_order: bool = True  # DataLoader(in_order=False): workers' batches in the order they finish
+    model_class: type | None = None  # a subclass of Model to train (a project's own hooks); None: Model
 
     def loaders(self, model: Model) -> Any:
         if self.iterable is not None:
@@ -573,7 +574,7 @@ def run(
 
     fresh_process()
     L.seed_everything(seed, verbose=False, workers=config.seed_workers)
-    model = (IterStepModel if config.pulls else Model)(config)
+    model = (config.model_class or (IterStepModel if config.pulls else Model))(config)
     if ckpt_path is not None:  # the weights come from the checkpoint; the process-wide states must not matter
         L.seed_everything(seed + 1000, verbose=False, workers=config.seed_workers)
     # with MIDEPOCH_DELIVERY=lightning the patched Lightning is the feature: nothing to attach
@@ -619,7 +620,8 @@ def run(
             trainer.fit(model, ckpt_path=ckpt_path, **({} if weights_only is None else {"weights_only": weights_only}))
         except Crash:
             crashed = True
-    rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state()[1].copy(), "python": random.getstate()}
+    # (legacy=False: any bit generator as numpy's global one, not only MT19937)
+    rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(legacy=False), "python": random.getstate()}
     return RunResult(model, trainer, crashed, rng)
 
 

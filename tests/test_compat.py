@@ -7,6 +7,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import re
 import warnings
 import zipfile
 from pathlib import Path
@@ -31,10 +32,11 @@ def test_installed_lightning_is_supported():
 
 
 @pytest.mark.parametrize("version", ["2.4.0", "2.7.0", "3.0.0"])
-def test_unsupported_version_is_a_clear_error(version, monkeypatch):
+def test_an_unsupported_version_runs_with_a_warning_naming_it(version, monkeypatch):
+    monkeypatch.delenv(_compat.UNVERIFIED_ENV, raising=False)
     monkeypatch.setattr(lightning, "__version__", version)
-    with pytest.raises(RuntimeError, match=rf"supports lightning >=2.5.0,<2.7.0, but lightning {version} is installed"):
-        _compat.check_supported(_trainer())
+    with pytest.warns(UserWarning, match=rf"supports lightning >=2.5.0,<2.7.0, but lightning {version} is installed"):
+        assert _compat.check_supported(_trainer()) == ""
 
 
 def test_missing_private_names_are_listed(monkeypatch):
@@ -42,8 +44,8 @@ def test_missing_private_names_are_listed(monkeypatch):
     stripped = SimpleNamespace(**{k: v for k, v in vars(trainer.fit_loop).items() if k != "_combined_loader"})
     stripped.epoch_loop = SimpleNamespace()
     monkeypatch.setattr(type(trainer), "fit_loop", property(lambda self: stripped), raising=False)
-    with pytest.raises(RuntimeError, match=r"lack fit_loop\._combined_loader, .*epoch_loop\._batches_that_stepped"):
-        _compat.check_supported(trainer)
+    aside = _compat.check_supported(trainer)
+    assert re.search(r"lack fit_loop\._combined_loader, .*epoch_loop\._batches_that_stepped", aside)
 
 
 def test_namespace():
@@ -269,7 +271,7 @@ def _replacements() -> dict[str, object]:
 
 
 @pytest.mark.parametrize("kind", ["changed", "without source", "not a function", "removed"])
-def test_a_changed_stock_method_is_a_clear_error(kind, monkeypatch):
+def test_a_changed_stock_method_is_a_warning_naming_it(kind, monkeypatch):
     from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
     monkeypatch.delenv(_compat.UNVERIFIED_ENV, raising=False)
@@ -277,14 +279,17 @@ def test_a_changed_stock_method_is_a_clear_error(kind, monkeypatch):
         monkeypatch.delattr(_TrainingEpochLoop, "on_run_start")
     else:
         monkeypatch.setattr(_TrainingEpochLoop, "on_run_start", _replacements()[kind])
-    with pytest.raises(RuntimeError) as raised:
-        _compat.check_supported(_trainer())
-    message = str(raised.value)
+    with pytest.warns(UserWarning) as warned:
+        aside = _compat.check_supported(_trainer())
+    # a method the overrides call that is gone altogether: the callback steps aside for the fit (its reason)
+    assert ("epoch_loop.on_run_start" in aside) == (kind == "removed")
+    assert aside == "" or kind == "removed"
+    message = str(warned[0].message)
     assert f"has not been checked against lightning {lightning.__version__}" in message
     assert "`_TrainingEpochLoop.on_run_start` (lightning.pytorch.loops.training_epoch_loop) differs" in message
     assert "supported range lightning>=2.5.0,<2.7.0" in message
     assert f"pip install 'lightning>=2.5.0,<2.7.0'`, {_fingerprints.CHECKED}" in message
-    assert "set the environment variable LIGHTNING_MIDEPOCH_UNVERIFIED=1" in message
+    assert "MidEpochResume runs anyway" in message
 
 
 def test_every_changed_method_is_named(monkeypatch):
@@ -294,48 +299,60 @@ def test_every_changed_method_is_named(monkeypatch):
     monkeypatch.delenv(_compat.UNVERIFIED_ENV, raising=False)
     monkeypatch.setattr(_FitLoop, "setup_data", _changed_on_run_start)
     monkeypatch.setattr(_DataFetcher, "__iter__", _changed_on_run_start)
-    with pytest.raises(RuntimeError, match=r"its `_FitLoop.setup_data` \(.*\), `_DataFetcher.__iter__` \(.*\) differ "):
+    with pytest.warns(UserWarning, match=r"its `_FitLoop.setup_data` \(.*\), `_DataFetcher.__iter__` \(.*\) differ "):
         _compat.check_supported(_trainer())
 
 
-def test_a_changed_method_fails_the_callback_setup(monkeypatch):
-    from lightning.pytorch.demos.boring_classes import BoringModel
+def test_an_unchecked_release_runs_with_a_warning_naming_what_differs(monkeypatch, tmp_path):
+    """Issue 35's row of Lightning's next release: never refused; stock's run, and an exact resume, with a warning."""
     from lightning.pytorch.loops.fit_loop import _FitLoop
 
-    from lightning_midepoch import MidEpochResume
+    from harness import Config, CrashPoint, assert_exact, interrupt_and_resume
+
+    stock = _FitLoop.on_advance_end
+
+    def on_advance_end(self: _FitLoop) -> None:  # the stock method in another release's words: it differs
+        stock(self)
 
     monkeypatch.delenv(_compat.UNVERIFIED_ENV, raising=False)
-    monkeypatch.setattr(_FitLoop, "on_advance_end", _changed_on_run_start)
-    trainer = pl_new.Trainer(
-        logger=False, enable_progress_bar=False, enable_checkpointing=False, max_epochs=1, callbacks=[MidEpochResume()]
-    )
-    with pytest.raises(RuntimeError, match=r"`_FitLoop.on_advance_end` \(lightning.pytorch.loops.fit_loop\) differs"):
-        trainer.fit(BoringModel())
+    monkeypatch.setattr(_FitLoop, "on_advance_end", on_advance_end)
+    with pytest.warns(UserWarning, match=r"`_FitLoop.on_advance_end` \(lightning.pytorch.loops.fit_loop\) differs"):
+        # the uninterrupted run is compared with stock's, the resume with the uninterrupted run
+        comparison = interrupt_and_resume(Config(max_epochs=2), CrashPoint("train_batch_end", 1, 3), tmp_path)
+    assert_exact(comparison)
+
+
+def test_a_trainer_without_a_name_the_overrides_use_is_left_to_lightning(monkeypatch, tmp_path):
+    """The callback steps aside, with a warning: the fit is stock Lightning's, its resume too (with stock's warning)."""
+    from harness import Config, CrashPoint, interrupt_and_resume
+
+    monkeypatch.setitem(_compat.REQUIRED_ATTRIBUTES, "fit_loop", ("_no_such_attribute",))
+    config = Config(max_epochs=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = interrupt_and_resume(config, CrashPoint("train_batch_end", 1, 3), tmp_path / "ours")
+    stock = interrupt_and_resume(config, CrashPoint("train_batch_end", 1, 3), tmp_path / "stock", callback=False)
+    messages = [str(warning.message) for warning in caught]
+    assert any("MidEpochResume steps aside for this fit: the trainer's loops lack fit_loop._no_such" in m for m in messages)
+    assert any("resuming from a checkpoint that ended before the epoch ended" in m for m in messages)
+    assert ours.resumed.seen == stock.resumed.seen
 
 
 @pytest.mark.parametrize("problem", ["changed method", "version"])
-def test_the_opt_out_turns_the_error_into_a_warning(problem, monkeypatch):
-    from lightning.fabric.utilities.warnings import PossibleUserWarning
+def test_the_note_turns_the_warning_into_information(problem, monkeypatch):
     from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
     monkeypatch.setenv(_compat.UNVERIFIED_ENV, "1")
     if problem == "version":
         monkeypatch.setattr(lightning, "__version__", "2.7.0")
-        expected = r"supports lightning >=2.5.0,<2.7.0, but lightning 2\.7\.0 is installed"
     else:
         monkeypatch.setattr(_TrainingEpochLoop, "on_run_start", _changed_on_run_start)
-        expected = r"`_TrainingEpochLoop.on_run_start` \(lightning.pytorch.loops.training_epoch_loop\) differs"
-    with pytest.warns(PossibleUserWarning, match=rf"{expected}.*Running anyway because {_compat.UNVERIFIED_ENV}=1"):
-        _compat.check_supported(_trainer())
-
-
-def test_the_opt_out_takes_only_1(monkeypatch):
-    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
-
-    monkeypatch.setenv(_compat.UNVERIFIED_ENV, "yes")
-    monkeypatch.setattr(_TrainingEpochLoop, "on_run_start", _changed_on_run_start)
-    with pytest.raises(RuntimeError, match="LIGHTNING_MIDEPOCH_UNVERIFIED=1"):
-        _compat.check_supported(_trainer())
+    told: list[str] = []
+    monkeypatch.setattr(_compat, "info", lambda message, trainer: told.append(message))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _compat.check_supported(_trainer()) == ""
+    assert len(told) == 1 and f"{_compat.UNVERIFIED_ENV}=1" in told[0]
 
 
 def test_every_checked_method_has_recorded_fingerprints():
@@ -396,11 +413,10 @@ def test_a_missing_test_dependency_fails_under_make_test_and_is_skipped_elsewher
         require(missing)
 
 
-def test_a_torch_without_a_private_name_the_worker_recording_uses_is_refused_clearly(monkeypatch):
+def test_a_torch_without_a_private_name_the_worker_recording_uses_is_left_to_lightning(monkeypatch):
     import lightning as L
     from torch.utils.data import dataloader
 
     monkeypatch.delattr(dataloader._MultiProcessingDataLoaderIter, "_process_data")
     trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
-    with pytest.raises(RuntimeError, match=r"lacks _MultiProcessingDataLoaderIter\._process_data"):
-        _compat.check_supported(trainer)
+    assert "lacks _MultiProcessingDataLoaderIter._process_data" in _compat.check_supported(trainer)

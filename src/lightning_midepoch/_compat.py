@@ -9,8 +9,9 @@ looked up in the namespace the trainer comes from, never imported from one the u
 A name that is still there can still mean something else: the stock methods the overrides replace, call or copy
 (:data:`CHECKED_METHODS`) are also compared, by a fingerprint of their source, with those of every release in the
 supported range (recorded in :mod:`lightning_midepoch._fingerprints` by ``tools/fingerprints.py``). A release that
-changed one of them is refused until the overrides are checked against it, unless the user opts out with
-``LIGHTNING_MIDEPOCH_UNVERIFIED=1`` (a warning then).
+changed one of them runs with a warning naming what differs (``LIGHTNING_MIDEPOCH_UNVERIFIED=1`` makes it an
+informational message); a trainer that lacks a name the overrides use is left to Lightning (the callback steps aside
+for that fit, with a warning). A fit is never refused.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ REQUIRED_FETCHER_ATTRIBUTES = (
 OPTIONAL_FETCHER_ATTRIBUTES = ("batches",)
 REQUIRED_COMBINED_LOADER_ATTRIBUTES = ("_iterator", "_mode", "_limits", "flattened")
 
-#: Where unchecked Lightning releases are allowed (a warning instead of the error): set to ``1``.
+#: Set to ``1`` to take note of an unchecked Lightning release: its warning becomes an informational message.
 UNVERIFIED_ENV = "LIGHTNING_MIDEPOCH_UNVERIFIED"
 
 #: The stock methods whose fingerprints are checked: ``"module:Class.method"`` or ``"module:function"`` under the
@@ -208,16 +209,18 @@ def lightning_version(obj: object) -> str:
     return str(importlib.import_module(namespace(obj)).__version__)
 
 
-def check_supported(trainer: Trainer) -> None:
-    """Fail clearly if the trainer's Lightning is outside the range, lacks a name we use, or changed a method we use.
+def check_supported(trainer: Trainer) -> str:
+    """Check the trainer's Lightning and torch against what the overrides are written for; a fit is never refused.
 
-    The methods are :data:`CHECKED_METHODS`, the stock methods the overrides depend on.
+    * A release outside the supported range, or one that changed a method the overrides rely on
+      (:data:`CHECKED_METHODS`), runs with a warning naming what differs (an informational message instead with
+      ``LIGHTNING_MIDEPOCH_UNVERIFIED=1``, for a user who has read it): the overrides call the release's own code, and
+      a resume whose first batch differs from the checkpoint's fingerprint of it is still warned before training.
+    * A trainer or torch that lacks a private name the overrides use cannot run them at all: the reason is returned,
+      and the callback steps aside for that fit (Lightning resumes as it does without it).
 
-    With ``LIGHTNING_MIDEPOCH_UNVERIFIED=1`` in the environment, an unsupported version or a changed method is a
-    warning instead: for a user who must run a release this package has not been checked against.
-
-    Raises:
-        RuntimeError: Naming the installed version, the supported range and anything missing or changed.
+    Returns:
+        Why the callback steps aside for this trainer, or ``""``.
 
     """
     package = namespace(trainer)
@@ -231,26 +234,24 @@ def check_supported(trainer: Trainer) -> None:
             problem = (
                 f"lightning-midepoch has not been checked against {package} {installed}: its {', '.join(changed)}"
                 f" differ{'s' if len(changed) == 1 else ''} from the stock code of every release of the supported"
-                f" range {package}{SUPPORTED_RANGE} that it was checked against (the overrides replace or rely on"
-                " it, so a resume could go wrong without an error)."
+                f" range {package}{SUPPORTED_RANGE} that it was checked against."
             )
     if problem:
-        fix = (
-            f" Install a checked release (`pip install '{package}{SUPPORTED_RANGE}'`, {_fingerprints.CHECKED}) or"
-            " remove the MidEpochResume callback"
+        message = (
+            f"{problem} MidEpochResume runs anyway, calling that release's code; its resumes are not checked there"
+            " (a resume whose first batch differs from the checkpoint's fingerprint of it is still warned before"
+            f" training). To be safe, install a checked release (`pip install '{package}{SUPPORTED_RANGE}'`,"
+            f" {_fingerprints.CHECKED})."
         )
         if os.environ.get(UNVERIFIED_ENV) == "1":
-            warn(f"{problem}{fix}. Running anyway because {UNVERIFIED_ENV}=1 is set.", trainer, set())
+            info(f"{message} ({UNVERIFIED_ENV}=1: said once, as information.)", trainer)
         else:
-            raise RuntimeError(
-                f"{problem}{fix}; to run anyway at your own risk, set the environment variable {UNVERIFIED_ENV}=1."
-            )
+            warn(f"{message} Set {UNVERIFIED_ENV}=1 to take note of this without a warning.", trainer, set())
     missing_torch = missing_torch_names()
     if missing_torch:
-        raise RuntimeError(
-            f"lightning-midepoch cannot run with torch {torch_version()}: it lacks {', '.join(missing_torch)}, which"
-            " the recording of DataLoader worker states relies on. Install a torch release it was tested with"
-            " (2.1 to 2.13), or remove the MidEpochResume callback."
+        return (
+            f"torch {torch_version()} lacks {', '.join(missing_torch)}, which the recording of DataLoader worker"
+            " states relies on (torch 2.1 to 2.13 have it)"
         )
     objects = {
         "trainer": trainer,
@@ -267,11 +268,11 @@ def check_supported(trainer: Trainer) -> None:
         if not hasattr(objects[name], attribute)
     ]
     if missing:
-        raise RuntimeError(
-            f"lightning-midepoch cannot run with {package} {installed}: the trainer's loops lack {', '.join(missing)}."
-            f" Supported releases are {package}{SUPPORTED_RANGE}. If you replaced the fit loop with your own, keep"
-            " Lightning's attributes on it."
+        return (
+            f"the trainer's loops lack {', '.join(missing)} ({package} {installed}; supported releases are"
+            f" {package}{SUPPORTED_RANGE}; a fit loop of your own must keep Lightning's attributes)"
         )
+    return ""
 
 
 def missing_torch_names() -> list[str]:
@@ -575,6 +576,13 @@ def _pytorch_module(obj: object) -> str:
 def restoring_checkpoint(trainer: Trainer) -> bool:
     """Whether the trainer is restoring a checkpoint it loaded (not loop states a tuner copied)."""
     return bool(trainer._checkpoint_connector._loaded_checkpoint)
+
+
+def drop_workers(loader: Any) -> None:
+    """Let a ``DataLoader``'s persistent workers go (torch keeps their iterator in ``_iterator``; it shuts them down
+    when nothing holds it): its next ``iter()`` starts new ones."""
+    if getattr(loader, "_iterator", None) is not None:
+        loader._iterator = None
 
 
 def steps_pull_batches(fetcher: object) -> bool:

@@ -62,6 +62,12 @@ class _ResumableFitLoop(_FitLoopBase):
         self._midepoch.loops_restoring()
         super().load_state_dict(state_dict, prefix)
         self._midepoch.restorer.loops_restored()
+        if self._midepoch.resuming and self._combined_loader is not None:
+            # Reading `trainer.estimated_stepping_batches` before the fit loop runs (to size OneCycleLR in
+            # configure_optimizers, say) set up the train data and started its iterator before this restore: that
+            # iterator is set aside, and the resumed epoch's is held back as when the data is set up after it
+            self._midepoch.set_aside_early_iterator()
+            self._midepoch_reload_epoch()
 
     @property
     @override
@@ -82,15 +88,20 @@ class _ResumableFitLoop(_FitLoopBase):
             super().setup_data()
         finally:
             self._midepoch.hold_next_iter = False
-            self._midepoch.trained = True
+        if first_after_resume and self._combined_loader is not None:
+            self._midepoch_reload_epoch()
+
+    def _midepoch_reload_epoch(self) -> None:
         n = _compat.reload_every_n_epochs(self.trainer)
-        if first_after_resume and n and self._combined_loader is not None:
+        if n:
             # the uninterrupted run last reloaded at the latest multiple of n, not at the epoch it was resumed in
             epoch = self.trainer.current_epoch
             self._last_train_dl_reload_epoch = epoch - epoch % n
 
     @override
     def reset(self) -> None:
+        # the fit loop runs (setup_data came first): restores from now on are a tuner's, not a resume
+        self._midepoch.trained = True
         self.update_restart_stage()
         progress = self.epoch_loop.batch_progress
         # a checkpoint from on_train_batch_end of an epoch's last batch: stock Lightning would count that epoch as
@@ -147,7 +158,10 @@ class _ResumableTrainingEpochLoop(_EpochLoopBase):
                 progress.increment_completed()
                 self.reset_restart_stage()
         restarting = self.restarting
-        with _compat.stock_warning_suppressed():
+        if self._midepoch.resuming:  # this resume is the callback's: its own warnings say what it cannot continue
+            with _compat.stock_warning_suppressed():
+                super().reset()
+        else:  # (a restore the callback leaves to Lightning keeps stock's warning)
             super().reset()
         if restarting:
             # Lightning rewinds this epoch's counters to the last completed batch but not the totals, which it reads

@@ -74,6 +74,9 @@ class ResumePlanner:
             return
         if _compat.has_callback(trainer, "StochasticWeightAveraging"):
             self._warn_swa()
+        for index, loader in enumerate(self.session.loaders):
+            if S.loader_kind(loader) == S.KIND_FOREIGN:
+                self._warn_foreign(index, loader)
         pulled = self.loaded is not None and _compat.steps_pull_batches(fetcher)
         if pulled and self.loaded is not None:
             # training_step(dataloader_iter): a step pulls as many batches as it likes; the fetcher counted them
@@ -369,6 +372,18 @@ class ResumePlanner:
             " (its learning-rate schedule lags one epoch behind the uninterrupted run's; stock Lightning does the"
             " same): the resumed run will differ. Resume from a checkpoint written at an epoch's end, or use"
             " WeightAveraging, which resumes exactly.",
+            self.trainer,
+            self.warned,
+        )
+
+    def _warn_foreign(self, index: int, loader: Any) -> None:
+        _compat.warn(
+            f"Train dataloader {index} is left to Lightning: {S.foreign_because(loader)}, so MidEpochResume cannot"
+            " count and replay its order. The interrupted epoch continues as stock Lightning continues it, from a new"
+            " pass of that loader: unless its order is fixed, some samples of this epoch are seen twice and others"
+            " not at all. Everything else (the other loaders, the random states) resumes exactly. To resume it"
+            " exactly, iterate it with DataLoader's own `__iter__` over a sampler that has a length, or give it"
+            " `state_dict()`/`load_state_dict()` (Lightning then saves and restores its position itself).",
             self.trainer,
             self.warned,
         )

@@ -88,7 +88,21 @@ def _numpy_global_state() -> dict[str, Any]:
 
 
 def numpy_state_from(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``RandomState.get_state(legacy=False)`` result of an MT19937 generator in the saved form."""
+    """A ``RandomState.get_state(legacy=False)`` result in the saved form.
+
+    numpy's default MT19937 is packed into a tensor; any other bit generator made the global one
+    (``np.random.set_bit_generator``) is kept in numpy's own layout (its arrays as tensors, its integers as Python
+    ints, which ``weights_only`` loading accepts).
+
+    Example:
+        >>> pcg = np.random.RandomState(np.random.PCG64(3))
+        >>> saved = numpy_state_from(pcg.get_state(legacy=False))
+        >>> saved["name"], sorted(saved["state"]["state"])
+        ('PCG64', ['inc', 'state'])
+
+    """
+    if raw["bit_generator"] != "MT19937":
+        return {"name": raw["bit_generator"], "state": _encode(dict(raw))}
     return {
         "name": raw["bit_generator"],
         "keys": _pack_words(raw["state"]["key"]),
@@ -99,6 +113,15 @@ def numpy_state_from(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _set_numpy_global_state(state: Mapping[str, Any]) -> None:
+    if state["name"] != "MT19937":
+        # the global generator is made of the recorded kind again, as it was when the state was recorded
+        kind = getattr(np.random, state["name"])
+        if type(np.random.get_bit_generator()) is not kind:
+            np.random.set_bit_generator(kind())
+        np.random.set_state(_decode(state["state"]))
+        return
+    if type(getattr(np.random, "get_bit_generator", np.random.MT19937)()) is not np.random.MT19937:
+        np.random.set_bit_generator(np.random.MT19937())
     keys = _unpack_words(state["keys"])
     np.random.set_state((state["name"], keys, state["pos"], state["has_gauss"], state["cached_gaussian"]))
 

@@ -117,6 +117,27 @@ class _Session:
         self.fetcher = fetcher
         return fetcher
 
+    def set_aside_early_iterator(self) -> None:
+        """A resume found the train iterator already started (the data was set up before the restore): hold it back.
+
+        The iterator started before the restore drew its order from the process's states then; the resumed epoch's
+        is started where the epoch continues, as when the data is set up after the restore. Persistent workers
+        started for it are let go; the stateful loaders get the states Lightning restored (which it gives only
+        when it sets up the data after the restore: Lightning issue #20550).
+        """
+        fetcher, combined_loader = self.fetcher, self.combined_loader
+        if fetcher is None or combined_loader is None or self.iterator_held:
+            return
+        for loader in self.loaders:
+            _compat.drop_workers(loader)
+        if _compat.pending_loader_states(self.trainer.fit_loop):
+            _compat.load_loader_states(self.trainer.fit_loop, combined_loader)
+        self.hold_next_iter = True
+        try:
+            iter(fetcher)
+        finally:
+            self.hold_next_iter = False
+
     def in_training_fetch(self) -> bool:
         """Whether the training loop is creating or advancing its train iterator (asked where a loader starts a pass).
 

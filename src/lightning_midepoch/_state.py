@@ -94,6 +94,8 @@ KEY_NEXT_BATCH = "next_batch"
 KIND_MAP = "map"
 KIND_ITERABLE = "iterable"
 KIND_STATEFUL = "stateful"
+#: A train loader the callback does not understand: left to Lightning, with a warning naming it on a mid-epoch resume.
+KIND_FOREIGN = "foreign"
 
 
 class MidEpochResumeError(RuntimeError):
@@ -112,12 +114,45 @@ def is_stateful(obj: object) -> bool:
 
 
 def loader_kind(loader: object) -> str:
-    """Classify a train loader: one we resume at the sampler level, a stateful one, or an iterable-style one."""
+    """Classify a train loader: one we resume at the sampler level, a stateful one, an iterable-style one, or one
+    left to Lightning (:data:`KIND_FOREIGN`, see :func:`foreign_because`).
+
+    The one decision of what the callback handles: every part reads it, so a loader is handled whole or not at all.
+    """
     if is_stateful(loader):
         return KIND_STATEFUL
     if isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset):
-        return KIND_MAP
+        return KIND_FOREIGN if foreign_because(loader) else KIND_MAP
     return KIND_ITERABLE
+
+
+def foreign_because(loader: DataLoader[Any]) -> str:
+    """Why a map-style DataLoader is left to Lightning (empty where the callback resumes it at the sampler level).
+
+    The callback records and skips a loader's order in its index sampler, below ``DataLoader.__iter__``: a loader
+    whose own ``__iter__`` hands out batches some other way (an iterator it made once and reuses), or whose index
+    sampler has no length (it repeats for ever), has no pass the callback can count and replay.
+
+    Example:
+        >>> from torch.utils.data import Sampler
+        >>> foreign_because(DataLoader(range(4), batch_size=2))
+        ''
+        >>> class Forever(Sampler[int]):
+        ...     def __iter__(self):
+        ...         while True:
+        ...             yield 0
+        >>> foreign_because(DataLoader(range(4), sampler=Forever()))
+        'its sampler (BatchSampler over Forever) has no length'
+
+    """
+    if type(loader).__iter__ is not DataLoader.__iter__:
+        return f"{type(loader).__name__} hands out its batches with its own `__iter__`"
+    sampler = index_sampler(loader)
+    try:
+        len(_unwrap(sampler))
+    except TypeError:
+        return f"its sampler ({describe_order(sampler)[0].split(' (')[0]}) has no length"
+    return ""
 
 
 def index_sampler(loader: DataLoader[Any]) -> Any:

@@ -351,7 +351,7 @@ class NumpyBitGenerator(Spec):
 
 # ---------------------------------------------------------------------------------------------- the schema
 _TORCH = Tensor(torch.uint8, (TORCH_CPU_STATE_BYTES,), what="a CPU generator's state")
-_NUMPY = Record(
+_NUMPY_MT19937 = Record(
     "numpy's global state",
     name=OneOf("MT19937"),
     keys=Tensor(torch.int32, (MT_WORDS,)),
@@ -359,6 +359,20 @@ _NUMPY = Record(
     has_gauss=Int(0, 1),
     cached_gaussian=Real(),
 )
+
+
+class _GlobalNumpy(Spec):
+    """numpy's global state: its default MT19937 packed, or another bit generator in numpy's layout (``_rng``)."""
+
+    expected = _NUMPY_MT19937.expected
+    other = Record("numpy's global state", name=Str(), state=NumpyBitGenerator())
+
+    def check(self, value: Any, path: str) -> None:
+        named = value.get("name") if isinstance(value, Mapping) else None
+        (_NUMPY_MT19937 if named == "MT19937" or not isinstance(named, str) else self.other).check(value, path)
+
+
+_NUMPY = _GlobalNumpy()
 _PYTHON = Record("python's random state", version=OneOf(3), state=PythonWords(), gauss_next=Optional(Real()))
 _CUDA = List(Tensor(torch.uint8, (TORCH_CUDA_STATE_BYTES,)), what="one CUDA generator state per device")
 #: The process-wide states (``_rng.capture_global``).
@@ -420,7 +434,7 @@ _GLOBAL_ORDER = Tagged(
 _LOADER = Record(
     "a train dataloader's facts",
     optional={"settings": DictOf(Scalar(), what="order settings by 'Class.setting'")},
-    kind=OneOf(S.KIND_MAP, S.KIND_ITERABLE, S.KIND_STATEFUL),
+    kind=OneOf(S.KIND_MAP, S.KIND_ITERABLE, S.KIND_STATEFUL, S.KIND_FOREIGN),
     dataset_length=Optional(Int(0)),
     num_batches=Optional(Int(0)),
     batch_size=Optional(Int(1)),

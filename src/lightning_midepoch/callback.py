@@ -122,8 +122,18 @@ class MidEpochResume(_CallbackBase):
                 )
             self._finish()
             return
-        _compat.check_supported(trainer)
+        aside = _compat.check_supported(trainer)
         self._finish()  # a fit of this trainer that ended without teardown (an exception) left nothing installed
+        if aside:
+            # never a fit refused: what the overrides cannot run on is left to Lightning, named
+            _compat.warn(
+                f"MidEpochResume steps aside for this fit: {aside}. Nothing of it is installed, so a mid-epoch"
+                " checkpoint resumes as stock Lightning resumes it (a new pass of the interrupted epoch).",
+                trainer,
+                set(),
+            )
+            self._final = None
+            return
         self._final = None
         self._session = _Session(trainer, self.on_mismatch, self.verify_batch)
         self._session.install()

@@ -1,0 +1,243 @@
+"""Never worse than stock Lightning: the patterns ordinary projects train with, each run with and without the callback.
+
+Each test runs the same fit stock (no callback) and with ``MidEpochResume``, in the same test: the uninterrupted runs
+are the same run, and a resume from a mid-epoch checkpoint is exact, or warned before its first batch where stock
+Lightning also cannot continue the epoch (issue 35's table: one test per row; the Lightning release row is
+tests/test_compat.py's ``test_an_unchecked_release_runs_with_a_warning_naming_what_differs``).
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+import lightning_midepoch._workers as W
+from harness import (
+    Config,
+    CrashPoint,
+    IndexedDataset,
+    L,
+    Model,
+    assert_exact,
+    assert_same_state,
+    assert_transparent,
+    checkpoint_path,
+    interrupt_and_resume,
+    run,
+    uninterrupted,
+)
+
+STOCK_WARNING = "You're resuming from a checkpoint that ended before the epoch ended"
+MID = CrashPoint("train_batch_end", epoch=1, batch=3)
+
+
+class FirstBatchWarnings(L.Callback):
+    """The warnings given before a run trains on its first batch (``caught`` is a ``catch_warnings(record=True)``)."""
+
+    def __init__(self, caught: list[warnings.WarningMessage]) -> None:
+        self.caught = caught
+        self.before: list[str] | None = None
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self.before is None:
+            self.before = [str(warning.message) for warning in self.caught]
+
+
+def resumed(config: Config, crash: CrashPoint, tmp_path: Path, *, callback: bool) -> tuple[Any, list[str]]:
+    """Run ``config`` until ``crash``, then resume it: the resumed run and the warnings given before it trained."""
+    interrupted = run(config, tmp_path / "interrupted", callback=callback, crash=crash)
+    assert interrupted.crashed, f"the run never reached {crash}"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = FirstBatchWarnings(caught)
+        ckpt = checkpoint_path(tmp_path / "interrupted", crash)
+        result = run(config, tmp_path / "resumed", callback=callback, ckpt_path=ckpt, seed=2, extra_callbacks=[first])
+    assert first.before is not None, "the resumed run trained on no batch"
+    return result, first.before
+
+
+# ---------------------------------------------------------------------------------------------- the row of OneCycleLR
+class EarlyIteratorModel(Model):
+    """``OneCycleLR`` sized from ``trainer.estimated_stepping_batches`` (read in ``read_in``), stepped every batch.
+
+    Reading it before the fit loop runs makes Lightning set up the train dataloader and create its iterator inside
+    ``strategy.setup``, before the checkpoint's training state is restored.
+    """
+
+    read_in = "configure_optimizers"
+
+    def _total_steps(self, hook: str) -> None:
+        if self.read_in == hook:
+            self.total_steps = int(self.trainer.estimated_stepping_batches)
+
+    def setup(self, stage: str) -> None:
+        self._total_steps("setup")
+
+    def on_fit_start(self) -> None:
+        self._total_steps("on_fit_start")
+        if self.read_in == "on_fit_start":  # the schedule is sized here: rebuild it, as such projects do
+            scheduler = self.trainer.lr_scheduler_configs[0].scheduler
+            scheduler.total_steps = self.total_steps
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        if self.read_in == "on_train_start":  # the loader and its length, read once training starts
+            assert self.trainer.train_dataloader is not None
+            assert self.trainer.num_training_batches == self.config.batches_per_epoch
+
+    def configure_optimizers(self) -> Any:
+        self._total_steps("configure_optimizers")
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+        steps = getattr(self, "total_steps", self.config.max_epochs * self.config.batches_per_epoch)
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+_EARLY_MODELS = {
+    hook: type(f"ReadIn_{hook}", (EarlyIteratorModel,), {"read_in": hook})
+    for hook in ("configure_optimizers", "setup", "on_fit_start", "on_train_start")
+}
+
+
+@pytest.mark.parametrize(
+    ("read_in", "num_workers"),
+    [("configure_optimizers", 0), ("configure_optimizers", 2), ("setup", 0), ("on_fit_start", 0), ("on_train_start", 0)],
+)
+def test_estimated_stepping_batches_before_the_restore_resumes_exactly(read_in, num_workers, tmp_path):
+    config = Config(max_epochs=2, num_workers=num_workers, model_class=_EARLY_MODELS[read_in])
+    # stock Lightning: the same fit, and a resume it says it cannot continue
+    stock, stock_warned = resumed(config, MID, tmp_path / "stock", callback=False)
+    assert any(STOCK_WARNING in message for message in stock_warned)
+    stock_full = uninterrupted(config, tmp_path / "stock_full", callback=False)
+    assert stock.seen != stock_full.seen[len(stock_full.seen) - len(stock.seen) :]  # (stock's resume is inexact)
+    # with the callback: the uninterrupted run is stock's (batches, weights, schedule, random streams), and the
+    # resume is exact, without a warning
+    assert_transparent(config, tmp_path)
+    comparison = interrupt_and_resume(config, MID, tmp_path / "callback")
+    assert_exact(comparison)
+    _, warned = resumed(config, MID, tmp_path / "callback_warnings", callback=True)
+    assert not [message for message in warned if "MidEpochResume" in message or STOCK_WARNING in message]
+
+
+# ---------------------------------------------------------------------------------------------- samplers without len
+class InfiniteRandomSampler(Sampler[int]):
+    """A sampler that repeats for ever, a new permutation of the global torch RNG each round (no ``__len__``)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __iter__(self) -> Any:
+        while True:
+            yield from torch.randperm(self.size).tolist()
+
+
+class InfiniteSamplerModel(Model):
+    def train_dataloader(self) -> Any:
+        dataset = IndexedDataset(self.config.dataset_size)
+        self.datasets.append(dataset)
+        return DataLoader(dataset, sampler=InfiniteRandomSampler(len(dataset)), batch_size=self.config.batch_size)
+
+
+def test_an_infinite_sampler_under_max_steps_trains_as_stock_and_its_resume_is_warned(tmp_path):
+    config = Config(max_epochs=1, max_steps=14, model_class=InfiniteSamplerModel)
+    # the uninterrupted run with the callback is stock's, to max_steps
+    assert_transparent(config, tmp_path)
+    assert uninterrupted(config, tmp_path / "full").trainer.global_step == 14
+    crash = CrashPoint("train_batch_end", epoch=0, batch=5)
+    stock, stock_warned = resumed(config, crash, tmp_path / "stock", callback=False)
+    ours, warned = resumed(config, crash, tmp_path / "callback", callback=True)
+    # stock Lightning continues the endless epoch on a new pass without a word; the callback leaves the loader to it,
+    # and says so before the first batch, naming the loader and why; the run ends where stock's does
+    assert not [message for message in stock_warned if "resum" in message]
+    assert any("Train dataloader 0 is left to Lightning" in m and "InfiniteRandomSampler" in m for m in warned)
+    assert ours.trainer.global_step == stock.trainer.global_step == 14
+    assert [(epoch, batch) for epoch, batch, _ in ours.seen] == [(epoch, batch) for epoch, batch, _ in stock.seen]
+
+
+# ---------------------------------------------------------------------------------------------- a reused iterator
+class RepeatingBatches:
+    """A batch sampler that repeats another for ever (no ``__len__``)."""
+
+    def __init__(self, batch_sampler: Any) -> None:
+        self.batch_sampler = batch_sampler
+
+    def __iter__(self) -> Any:
+        while True:
+            yield from iter(self.batch_sampler)
+
+
+class ReusingLoader(DataLoader):
+    """Starts its workers once, in ``__init__``, and hands out ``len(self)`` batches of that one iterator per epoch."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        object.__setattr__(self, "batch_sampler", RepeatingBatches(self.batch_sampler))
+        self.iterator = super().__iter__()
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler.batch_sampler)
+
+    def __iter__(self) -> Any:
+        for _ in range(len(self)):
+            yield next(self.iterator)
+
+
+class ReusingLoaderModel(Model):
+    def train_dataloader(self) -> Any:
+        dataset = IndexedDataset(self.config.dataset_size)
+        self.datasets.append(dataset)
+        return ReusingLoader(dataset, batch_size=self.config.batch_size, shuffle=True, num_workers=2)
+
+
+def test_a_loader_reusing_the_iterator_of_its_init_never_waits_and_its_resume_is_warned(monkeypatch, tmp_path):
+    unwritten: list[tuple[int, int]] = []
+    find = W.LoaderWorkers._find
+
+    def counting_find(self: W.LoaderWorkers, worker: int, batches: int) -> Any:
+        found = find(self, worker, batches)
+        if found is False:  # a checkpoint would wait for a worker report that has not come
+            unwritten.append((worker, batches))
+        return found
+
+    monkeypatch.setattr(W.LoaderWorkers, "_find", counting_find)
+    monkeypatch.setattr(W, "WAIT_S", 2.0)  # (a regression fails the count, quickly)
+    config = Config(max_epochs=2, model_class=ReusingLoaderModel)
+    assert_transparent(config, tmp_path)
+    stock, stock_warned = resumed(config, MID, tmp_path / "stock", callback=False)
+    ours, warned = resumed(config, MID, tmp_path / "callback", callback=True)
+    assert unwritten == []
+    assert any(STOCK_WARNING in message for message in stock_warned)
+    assert any("Train dataloader 0 is left to Lightning" in m and "ReusingLoader" in m for m in warned)
+    assert [(epoch, batch) for epoch, batch, _ in ours.seen] == [(epoch, batch) for epoch, batch, _ in stock.seen]
+
+
+# ---------------------------------------------------------------------------------------------- numpy's bit generator
+@pytest.fixture
+def pcg64_global() -> Any:
+    """The global numpy generator is a PCG64 for the test (``np.random.set_bit_generator``), MT19937 again after."""
+    original = np.random.get_bit_generator()
+    np.random.set_bit_generator(np.random.PCG64(5))
+    yield
+    np.random.set_bit_generator(original)
+
+
+def test_a_global_numpy_generator_other_than_mt19937_is_recorded_and_restored(pcg64_global, tmp_path):
+    # the hooks and the training step draw from numpy's global generator: its stream must continue exactly
+    config = Config(max_epochs=2, hook_draws=True)
+    stock = replace(config)
+    assert_transparent(stock, tmp_path)
+    comparison = interrupt_and_resume(config, MID, tmp_path / "callback")
+    assert type(np.random.get_bit_generator()).__name__ == "PCG64"
+    assert_exact(comparison)
+    assert_same_state(uninterrupted(config, tmp_path / "stock", callback=False), comparison.resumed)
+    _, stock_warned = resumed(config, MID, tmp_path / "stock_resume", callback=False)
+    assert any(STOCK_WARNING in message for message in stock_warned)
+    random.random()  # (the fixture puts numpy's generator back; python's is seeded by every run)

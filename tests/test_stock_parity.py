@@ -109,7 +109,13 @@ _EARLY_MODELS = {
 
 @pytest.mark.parametrize(
     ("read_in", "num_workers"),
-    [("configure_optimizers", 0), ("configure_optimizers", 2), ("setup", 0), ("on_fit_start", 0), ("on_train_start", 0)],
+    [
+        ("configure_optimizers", 0),
+        ("configure_optimizers", 2),
+        ("setup", 0),
+        ("on_fit_start", 0),
+        ("on_train_start", 0),
+    ],
 )
 def test_estimated_stepping_batches_before_the_restore_resumes_exactly(read_in, num_workers, tmp_path):
     config = Config(max_epochs=2, num_workers=num_workers, model_class=_EARLY_MODELS[read_in])

@@ -579,8 +579,10 @@ def restoring_checkpoint(trainer: Trainer) -> bool:
 
 
 def drop_workers(loader: Any) -> None:
-    """Let a ``DataLoader``'s persistent workers go (torch keeps their iterator in ``_iterator``; it shuts them down
-    when nothing holds it): its next ``iter()`` starts new ones."""
+    """Let a ``DataLoader``'s persistent workers go: its next ``iter()`` starts new ones.
+
+    torch keeps their iterator in ``_iterator``, and shuts them down when nothing holds it.
+    """
     if getattr(loader, "_iterator", None) is not None:
         loader._iterator = None
 

@@ -113,15 +113,16 @@ def numpy_state_from(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _set_numpy_global_state(state: Mapping[str, Any]) -> None:
-    if state["name"] != "MT19937":
+    # (numpy >= 1.25 has these; an older one has only its MT19937 as the global generator)
+    get_bit_generator = getattr(np.random, "get_bit_generator", None)
+    set_bit_generator = getattr(np.random, "set_bit_generator", None)
+    kind = getattr(np.random, state["name"])
+    if get_bit_generator is not None and set_bit_generator is not None and type(get_bit_generator()) is not kind:
         # the global generator is made of the recorded kind again, as it was when the state was recorded
-        kind = getattr(np.random, state["name"])
-        if type(np.random.get_bit_generator()) is not kind:
-            np.random.set_bit_generator(kind())
+        set_bit_generator(kind())
+    if state["name"] != "MT19937":
         np.random.set_state(_decode(state["state"]))
         return
-    if type(getattr(np.random, "get_bit_generator", np.random.MT19937)()) is not np.random.MT19937:
-        np.random.set_bit_generator(np.random.MT19937())
     keys = _unpack_words(state["keys"])
     np.random.set_state((state["name"], keys, state["pos"], state["has_gauss"], state["cached_gaussian"]))
 

@@ -114,10 +114,10 @@ def is_stateful(obj: object) -> bool:
 
 
 def loader_kind(loader: object) -> str:
-    """Classify a train loader: one we resume at the sampler level, a stateful one, an iterable-style one, or one
-    left to Lightning (:data:`KIND_FOREIGN`, see :func:`foreign_because`).
+    """Classify a train loader: resumed at the sampler level, stateful, iterable-style, or left to Lightning.
 
-    The one decision of what the callback handles: every part reads it, so a loader is handled whole or not at all.
+    A loader the callback does not understand is :data:`KIND_FOREIGN` (see :func:`foreign_because`). This is the one
+    decision of what the callback handles: every part reads it, so a loader is handled whole or not at all.
     """
     if is_stateful(loader):
         return KIND_STATEFUL

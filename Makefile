@@ -94,7 +94,7 @@ UPSTREAM_PYTEST = cd $(1)/tests/tests_pytorch && PYTHONPATH=$(1)/src:$(CURDIR)/t
 	--junitxml=$(UPSTREAM_RESULTS)/$(3).xml > $(UPSTREAM_RESULTS)/$(3).log 2>&1; \
 	tail -n 1 $(UPSTREAM_RESULTS)/$(3).log; test -s $(UPSTREAM_RESULTS)/$(3).xml
 
-.PHONY: venv demo test test-workers corpus fuzz chaos lint compat strategies lightning-suite upstream-suite upstream-check docs bench bench-gather mutation dist dist-check pythons compile-pythons floor clean
+.PHONY: venv demo test test-workers corpus fuzz chaos lint compat strategies lightning-suite lightning-next upstream-suite upstream-check docs bench bench-gather mutation dist dist-check pythons compile-pythons floor clean
 
 $(STAMP): requirements/*.txt pyproject.toml src/lightning_midepoch/__about__.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -261,6 +261,39 @@ upstream-suite: $(SUITE_STAMP)  ## the Lightning patch series (upstream/): appli
 		$(if $(wildcard $(UPSTREAM_CHANGED)),--allowed $(UPSTREAM_CHANGED)); } > $(UPSTREAM_SUITE_OUT)/comparison.txt; \
 		status=$$?; cat $(UPSTREAM_SUITE_OUT)/comparison.txt; exit $$status
 
+# `make lightning-next`: the Trainer-level tests on Lightning's next release, installed from its repository's master
+# (LIGHTNING_REPO, a clone or a mirror without a work tree) into .venv-lightning-next: `git archive` of NEXT_REF (only
+# what the package's build reads: the mirror lacks some large files of docs/), `pip install` of that tree (the
+# `lightning` package, its own version number), then this checkout's tests. Not part of CI (it needs Lightning's
+# repository). The release differs from every checked one: the callback runs there with a warning naming what differs
+# (docs: "Lightning releases"), and the tests say whether its runs are still stock's and its resumes exact. The log is
+# $(NEXT_OUT)/tests.log, the tree's commit $(NEXT_OUT)/commit.txt; about 10 minutes on two idle cores.
+NEXT_REF ?= master
+NEXT_VENV ?= .venv-lightning-next
+NEXT_OUT ?= lightning-next-results
+NEXT_TESTS ?= tests/test_stock_parity.py tests/test_loops.py tests/test_workers.py tests/test_distributed.py \
+	-m "not workers_matrix"
+
+lightning-next:  ## the Trainer-level tests on Lightning's master (LIGHTNING_REPO), outside CI
+	@test -d "$(LIGHTNING_REPO)" || { echo "no Lightning repository at LIGHTNING_REPO=$(LIGHTNING_REPO)"; exit 2; }
+	rm -rf $(NEXT_OUT); mkdir -p $(NEXT_OUT)/tree
+	git --git-dir=$(LIGHTNING_REPO) rev-parse $(NEXT_REF) > $(NEXT_OUT)/commit.txt
+	git --git-dir=$(LIGHTNING_REPO) archive -o $(NEXT_OUT)/tree.tar $(NEXT_REF) setup.py pyproject.toml README.md src \
+		requirements .actions
+	tar -xf $(NEXT_OUT)/tree.tar -C $(NEXT_OUT)/tree && rm $(NEXT_OUT)/tree.tar
+	test -x $(NEXT_VENV)/bin/python || $(PYTHON) -m venv $(NEXT_VENV)
+	$(NEXT_VENV)/bin/python -m pip --disable-pip-version-check install --quiet -r requirements/torch-ci.txt
+	grep -v -e '^lightning==' -e '^pytorch-lightning==' requirements/pythons.txt > $(NEXT_OUT)/requirements.txt
+	$(NEXT_VENV)/bin/python -m pip --disable-pip-version-check install --quiet -c requirements/torch-ci.txt \
+		-r $(NEXT_OUT)/requirements.txt
+	$(NEXT_VENV)/bin/python -m pip --disable-pip-version-check install --quiet --no-build-isolation \
+		-c requirements/torch-ci.txt $(NEXT_OUT)/tree
+	$(NEXT_VENV)/bin/python -m pip --disable-pip-version-check install --quiet --no-deps --no-build-isolation -e .
+	$(NEXT_VENV)/bin/python -c '$(SHOW_VERSIONS); print("from $(NEXT_REF)", open("$(NEXT_OUT)/commit.txt").read())' \
+		| tee $(NEXT_OUT)/versions.txt
+	$(NEXT_VENV)/bin/python -m pytest $(NEXT_TESTS) $(XDIST) -q -p no:cacheprovider --color=no -rfE \
+		> $(NEXT_OUT)/tests.log 2>&1; status=$$?; tail -n 25 $(NEXT_OUT)/tests.log; exit $$status
+
 # `make upstream-check`: the Trainer-level resume tests of tests/upstream on the lightning wheel (ci.txt's release)
 # with the src/lightning/ part of every UPSTREAM_PATCHES/*.patch applied (tools/apply_upstream.py: the release
 # reinstalled first, so a re-run starts from it), in .venv-upstream, which must not have lightning-midepoch:
@@ -392,4 +425,4 @@ floor: $(FLOOR_VENV)/.installed  ## the Trainer-level tests on the lowest torch 
 	$(FLOOR_VENV)/bin/python -m pytest $(TRAINER_TESTS) $(XDIST) -q -p no:cacheprovider
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) $(SUITE_VENV) $(SUITE_OUT) $(UPSTREAM_SUITE_OUT) $(UPSTREAM_TREES) $(UPSTREAM_CHECK_VENV) $(DIST_VENV) $(FLOOR_VENV) .venv-py* $(PYTHONS_OUT) $(CORPUS_OUT) build $(DIST_DIR) *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage demo-output docs/_build mutants
+	rm -rf $(VENV) $(COMPAT_VENV) $(SUITE_VENV) $(SUITE_OUT) $(NEXT_VENV) $(NEXT_OUT) $(UPSTREAM_SUITE_OUT) $(UPSTREAM_TREES) $(UPSTREAM_CHECK_VENV) $(DIST_VENV) $(FLOOR_VENV) .venv-py* $(PYTHONS_OUT) $(CORPUS_OUT) build $(DIST_DIR) *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage demo-output docs/_build mutants

@@ -130,7 +130,10 @@ def test_estimated_stepping_batches_before_the_restore_resumes_exactly(read_in, 
     comparison = interrupt_and_resume(config, MID, tmp_path / "callback")
     assert_exact(comparison)
     _, warned = resumed(config, MID, tmp_path / "callback_warnings", callback=True)
-    assert not [message for message in warned if "MidEpochResume" in message or STOCK_WARNING in message]
+    # (on a Lightning release the callback was not checked against, `make lightning-next`, it also says that)
+    unchecked = ("lightning-midepoch has not been checked against", "lightning-midepoch supports")
+    resume_warnings = [message for message in warned if not message.startswith(unchecked)]
+    assert not [message for message in resume_warnings if "MidEpochResume" in message or STOCK_WARNING in message]
 
 
 # ---------------------------------------------------------------------------------------------- samplers without len

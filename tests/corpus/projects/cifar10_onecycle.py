@@ -20,7 +20,6 @@ from ._data import SyntheticImages, random_crop_flip
 
 FOLLOWS = "Lightning tutorial cifar10-baseline (OneCycleLR) sized from trainer.estimated_stepping_batches, 2 workers"
 #: fails on main until the package fixes it (never in `make test`'s sample; `make corpus` runs it)
-PENDING = "corpus-findings.md 1: estimated_stepping_batches in configure_optimizers (here with workers)"
 
 
 class CIFAR10DataModule(L.LightningDataModule):

@@ -19,7 +19,6 @@ from torch.utils.data import DataLoader
 
 FOLLOWS = "Lightning tutorial text-transformers (GLUETransformer, GLUEDataModule), with HF datasets"
 #: fails on main until the package fixes it (never in `make test`'s sample; `make corpus` runs it)
-PENDING = "corpus-findings.md 1: estimated_stepping_batches in configure_optimizers makes the resume silently inexact"
 VOCAB = 50
 
 

@@ -21,7 +21,6 @@ from ._data import SyntheticImages
 
 FOLLOWS = "detectron2 data/samplers/distributed_sampler.py TrainingSampler under max_steps"
 #: fails on main until the package fixes it (never in `make test`'s sample; `make corpus` runs it)
-PENDING = "corpus-findings.md 2: a sampler without __len__ makes the uninterrupted fit raise TypeError"
 
 
 class TrainingSampler(Sampler[int]):

@@ -19,7 +19,6 @@ from ._data import SyntheticImages
 
 FOLLOWS = "numpy set_bit_generator(PCG64) + albumentations-style np.random transforms"
 #: fails on main until the package fixes it (never in `make test`'s sample; `make corpus` runs it)
-PENDING = "corpus-findings.md 3: a PCG64 global numpy generator makes every fit raise KeyError 'key'"
 
 
 def jitter_and_flip(x: torch.Tensor) -> torch.Tensor:

@@ -58,9 +58,9 @@ def test_the_corpus_is_large_enough() -> None:
 
 # ---------------------------------------------------------------- the runner finds what it must find
 def test_a_stock_resume_is_warned_mid_epoch_and_silently_inexact_at_an_epochs_end(tmp_path: Path) -> None:
-    """Written and resumed without the callback (stock Lightning), the autoencoder warns "not resumable" before
+    """Written and resumed without the callback (stock Lightning), the GAN example warns "not resumable" before
     training mid-epoch; at an epoch's last batch stock warns nothing and the next epoch's shuffle differs: FAIL."""
-    result = runner.check("lightning_autoencoder", tmp_path, with_callback=False)
+    result = runner.check("lightning_gan", tmp_path, with_callback=False)
     outcomes = {resume.moment: resume for resume in result.resumes}
     for moment in ("early", "mid-epoch"):
         assert outcomes[moment].outcome == "warned"

@@ -366,7 +366,8 @@ def _resume_warnings(run: Run) -> tuple[list[str], list[str]]:
     before, after = [], []
     for index, caught in enumerate(run.caught):
         text = str(caught.message)
-        if any(word in text.lower() for word in RESUME_WORDS):
+        # a path in a warning (a checkpoint folder that exists, say) may hold any word: not counted
+        if any(word in re.sub(r"\S*[/\\]\S*", "<path>", text).lower() for word in RESUME_WORDS):
             (before if index < mark else after).append(f"{caught.category.__name__}: {text}")
     return before, after
 

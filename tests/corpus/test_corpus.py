@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import types
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -114,6 +115,13 @@ def test_an_uninterrupted_fit_that_differs_from_stock_fails(tmp_path: Path) -> N
     assert not result.transparent
     assert "batches differ" in result.transparency[0]
     assert not result.ok
+
+
+def test_a_warning_counts_for_its_words_not_for_its_paths(tmp_path: Path) -> None:
+    run = runner.Run(tmp_path / "resumed-here", callback=True)
+    for message in ("The folder /tmp/resumed-here/ckpts exists and is not empty.", "Resuming from the start."):
+        run.caught.append(warnings.WarningMessage(UserWarning(message), UserWarning, __file__, 1))
+    assert runner._resume_warnings(run) == (["UserWarning: Resuming from the start."], [])
 
 
 def test_digest_names_bytes_and_structure() -> None:

@@ -19,7 +19,6 @@ from torch.utils.data import DataLoader
 from ._data import SyntheticImages, random_crop_flip
 
 FOLLOWS = "Lightning tutorial cifar10-baseline (OneCycleLR) sized from trainer.estimated_stepping_batches, 2 workers"
-#: fails on main until the package fixes it (never in `make test`'s sample; `make corpus` runs it)
 
 
 class CIFAR10DataModule(L.LightningDataModule):

@@ -18,7 +18,6 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 FOLLOWS = "Lightning tutorial text-transformers (GLUETransformer, GLUEDataModule), with HF datasets"
-#: fails on main until the package fixes it (never in `make test`'s sample; `make corpus` runs it)
 VOCAB = 50
 
 

@@ -20,7 +20,6 @@ from torch.utils.data import DataLoader, Sampler
 from ._data import SyntheticImages
 
 FOLLOWS = "detectron2 data/samplers/distributed_sampler.py TrainingSampler under max_steps"
-#: fails on main until the package fixes it (never in `make test`'s sample; `make corpus` runs it)
 
 
 class TrainingSampler(Sampler[int]):

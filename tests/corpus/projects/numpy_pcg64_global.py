@@ -18,7 +18,6 @@ from torch.utils.data import DataLoader
 from ._data import SyntheticImages
 
 FOLLOWS = "numpy set_bit_generator(PCG64) + albumentations-style np.random transforms"
-#: fails on main until the package fixes it (never in `make test`'s sample; `make corpus` runs it)
 
 
 def jitter_and_flip(x: torch.Tensor) -> torch.Tensor:

@@ -18,8 +18,6 @@ from torch.utils.data import DataLoader
 from ._data import SyntheticImages
 
 FOLLOWS = "public projects' idiom: self.trainer.fit_loop.setup_data(), len(train_dataloader) in configure_optimizers"
-#: fails on main until the package fixes it (never in `make test`'s sample; `make corpus` runs it)
-PENDING = "corpus-findings.md 1: the train iterator set up in configure_optimizers (fit_loop.setup_data())"
 
 
 def flip(x: torch.Tensor) -> torch.Tensor:

@@ -18,8 +18,6 @@ from torch.utils.data import DataLoader
 from ._data import SyntheticImages, random_crop_flip
 
 FOLLOWS = "timm data/loader.py MultiEpochsDataLoader + _RepeatSampler (iterator made in __init__), 2 workers"
-#: fails on main until the package fixes it (never in `make test`'s sample; `make corpus` runs it)
-PENDING = "issue 35's third row: checkpoints wait for worker reports that never come; the resume raises TypeError"
 
 
 class _RepeatSampler:

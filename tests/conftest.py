@@ -157,21 +157,27 @@ def pytest_configure_node(node: Any) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
+    samples = (
+        (
+            _SAMPLE_KEY,
+            _SEED_KEY,
+            f"workers matrix sample: {{}} of the {WORKERS_MATRIX_MARKER} cases",
+            WORKERS_SEED_VARIABLE,
+            "make test-workers",
+        ),
+        (
+            _CORPUS_SAMPLE_KEY,
+            _CORPUS_SEED_KEY,
+            "corpus sample: {} of the projects in tests/corpus/projects",
+            CORPUS_SEED_VARIABLE,
+            "make corpus",
+        ),
+    )
     lines = []
-    size = config.stash[_SAMPLE_KEY]
-    if size is not None:
-        seed = config.stash[_SEED_KEY]
-        lines.append(
-            f"workers matrix sample: {size} of the {WORKERS_MATRIX_MARKER} cases, seed {seed} "
-            f"({WORKERS_SEED_VARIABLE}={seed} repeats it; `make test-workers` runs them all)"
-        )
-    size = config.stash[_CORPUS_SAMPLE_KEY]
-    if size is not None:
-        seed = config.stash[_CORPUS_SEED_KEY]
-        lines.append(
-            f"corpus sample: {size} of the projects in tests/corpus/projects, seed {seed} "
-            f"({CORPUS_SEED_VARIABLE}={seed} repeats it; `make corpus` runs them all)"
-        )
+    for size_key, seed_key, what, variable, target in samples:
+        size, seed = config.stash[size_key], config.stash[seed_key]
+        if size is not None:
+            lines.append(f"{what.format(size)}, seed {seed} ({variable}={seed} repeats it; `{target}` runs them all)")
     return lines
 
 

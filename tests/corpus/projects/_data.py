@@ -1,4 +1,5 @@
-"""Small synthetic stand-ins for the datasets the projects train on (MNIST, CIFAR, ImageNet, GLUE, text).
+"""Small synthetic stand-ins for the datasets the projects train on (MNIST, CIFAR, ImageNet, GLUE, text), and the
+small classifier of the projects whose point is their data pipeline, not their model.
 
 Each sample is fixed by its index (a generator seeded with it), so a batch's bytes name the samples in it; the
 projects' own random augmentation comes on top, drawn as the originals draw it.
@@ -6,7 +7,9 @@ projects' own random augmentation comes on top, drawn as the originals draw it.
 
 from __future__ import annotations
 
+import lightning.pytorch as L
 import torch
+from torch import nn
 from torch.utils.data import Dataset
 
 
@@ -49,3 +52,21 @@ def random_crop_flip(x: torch.Tensor, padding: int = 1) -> torch.Tensor:
 def tokens(count: int, vocab: int, seed: int = 0) -> torch.Tensor:
     """A fixed "corpus" of ``count`` token ids."""
     return torch.randint(0, vocab, (count,), generator=torch.Generator().manual_seed(seed))
+
+
+class SmallClassifier(L.LightningModule):
+    """An MLP over 8x8 images with cross entropy; each project gives it its own ``configure_optimizers``."""
+
+    def __init__(self, hidden: int = 16, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Flatten(), nn.Linear(64, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 10)
+        )
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.cross_entropy(self.net(x), y))

@@ -14,10 +14,9 @@ import itertools
 
 import lightning.pytorch as L
 import torch
-from torch import nn
 from torch.utils.data import DataLoader, Sampler
 
-from ._data import SyntheticImages
+from ._data import SmallClassifier, SyntheticImages
 
 FOLLOWS = "detectron2 data/samplers/distributed_sampler.py TrainingSampler under max_steps"
 
@@ -41,19 +40,7 @@ class TrainingSampler(Sampler[int]):
                 yield from range(self._size)
 
 
-class Classifier(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.cross_entropy(self.net(x), y)
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        self.log("val_loss", nn.functional.cross_entropy(self.net(x), y))
-
+class Classifier(SmallClassifier):
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
         scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[12, 20], gamma=0.1)

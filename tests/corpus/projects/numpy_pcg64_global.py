@@ -12,10 +12,9 @@ from __future__ import annotations
 import lightning.pytorch as L
 import numpy as np
 import torch
-from torch import nn
 from torch.utils.data import DataLoader
 
-from ._data import SyntheticImages
+from ._data import SmallClassifier, SyntheticImages
 
 FOLLOWS = "numpy set_bit_generator(PCG64) + albumentations-style np.random transforms"
 
@@ -28,15 +27,7 @@ def jitter_and_flip(x: torch.Tensor) -> torch.Tensor:
     return x.float()
 
 
-class Model(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.cross_entropy(self.net(x), y)
-
+class Model(SmallClassifier):
     def configure_optimizers(self):
         optimizer = torch.optim.Adam(self.parameters(), lr=1e-2)
         return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)]

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import lightning.pytorch as L
 import torch
-from torch import nn
 from torch.utils.data import DataLoader
 
-from ._data import SyntheticImages
+from ._data import SmallClassifier, SyntheticImages
 
 FOLLOWS = "public projects' idiom: self.trainer.fit_loop.setup_data(), len(train_dataloader) in configure_optimizers"
 
@@ -24,19 +23,7 @@ def flip(x: torch.Tensor) -> torch.Tensor:
     return x.flip(-1) if torch.rand(1) < 0.5 else x
 
 
-class Model(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 10))
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.cross_entropy(self.net(x), y)
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        self.log("val_loss", nn.functional.cross_entropy(self.net(x), y))
-
+class Model(SmallClassifier):
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(self.parameters(), lr=1e-2, weight_decay=1e-2)
         self.trainer.fit_loop.setup_data()
@@ -50,4 +37,4 @@ def main(run) -> None:
     train = DataLoader(SyntheticImages(28, transform=flip), batch_size=4, shuffle=True)
     val = DataLoader(SyntheticImages(8), batch_size=4)
     trainer = run.trainer(max_epochs=3)
-    run.fit(trainer, Model(), train_dataloaders=train, val_dataloaders=val)
+    run.fit(trainer, Model(dropout=0.2), train_dataloaders=train, val_dataloaders=val)

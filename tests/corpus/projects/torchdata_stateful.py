@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import lightning.pytorch as L
 import torch
-from torch import nn
 from torch.utils.data import DataLoader
 
-from ._data import SyntheticImages, random_crop_flip
+from ._data import SmallClassifier, SyntheticImages, random_crop_flip
 
 FOLLOWS = "torchdata StatefulDataLoader (Lightning's _Stateful loader path), 2 workers"
 #: fails on main until the package fixes it (never in `make test`'s sample; `make corpus` runs it)
@@ -36,19 +35,7 @@ class DataModule(L.LightningDataModule):
         return DataLoader(self.val, batch_size=4)
 
 
-class Model(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.cross_entropy(self.net(x), y)
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        self.log("val_loss", nn.functional.cross_entropy(self.net(x), y))
-
+class Model(SmallClassifier):
     def configure_optimizers(self):
         optimizer = torch.optim.Adam(self.parameters(), lr=1e-2)
         return [optimizer], [torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.9)]

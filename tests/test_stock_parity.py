@@ -250,3 +250,24 @@ def test_a_global_numpy_generator_other_than_mt19937_is_recorded_and_restored(pc
     _, stock_warned = resumed(config, MID, tmp_path / "stock_resume", callback=False)
     assert any(STOCK_WARNING in message for message in stock_warned)
     random.random()  # (the fixture puts numpy's generator back; python's is seeded by every run)
+
+
+# ---------------------------------------------------------------------------------------------- ReduceLROnPlateau
+class PlateauModel(Model):
+    """``ReduceLROnPlateau`` on the validation loss, stepped at each epoch's end (the corpus's imbalanced recipe)."""
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+        scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "val_loss"}}
+
+
+def test_a_plateau_scheduler_is_stepped_at_the_end_of_the_resumed_epoch(tmp_path):
+    """Stock Lightning skips every epoch-end scheduler step of the epoch it resumed into; the validation that feeds
+    this one ran after the restore, so the uninterrupted run's step is taken."""
+    config = Config(max_epochs=2, validation=True, val_check_interval=0.5, model_class=PlateauModel)
+    comparison = interrupt_and_resume(config, MID, tmp_path)  # (the uninterrupted run is compared with stock's too)
+    assert_exact(comparison)
+    stock = interrupt_and_resume(config, MID, tmp_path / "stock", callback=False)
+    plateau = stock.resumed.trainer.lr_scheduler_configs[0].scheduler
+    assert plateau.last_epoch < comparison.full.trainer.lr_scheduler_configs[0].scheduler.last_epoch

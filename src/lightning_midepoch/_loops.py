@@ -139,7 +139,23 @@ class _ResumableFitLoop(_FitLoopBase):
     @override
     def on_advance_end(self) -> None:
         self._midepoch.saver.epoch_loop_ended()
-        super().on_advance_end()
+        if not (self.restarting and self._midepoch.resuming and self._midepoch_plateau_metrics_fresh()):
+            super().on_advance_end()
+            return
+        # Stock Lightning steps no epoch-interval scheduler at the end of the epoch it resumed into, because the
+        # metrics a ReduceLROnPlateau monitors are not in the checkpoint. Here a validation ran in this process
+        # after the restore, as in the uninterrupted run, which stepped them here: they are stepped alike.
+        self._restarting = False
+        try:
+            super().on_advance_end()
+        finally:
+            self._restarting = True
+
+    def _midepoch_plateau_metrics_fresh(self) -> bool:
+        """Whether a validation ran since the restore and every ReduceLROnPlateau's metric is at hand."""
+        monitors = [config.monitor for config in self.trainer.lr_scheduler_configs if config.reduce_on_plateau]
+        metrics = self.trainer.callback_metrics
+        return self._midepoch.validated_since_resume and bool(monitors) and all(m in metrics for m in monitors)
 
 
 class _ResumableTrainingEpochLoop(_EpochLoopBase):

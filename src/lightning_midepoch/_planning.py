@@ -74,9 +74,13 @@ class ResumePlanner:
             return
         if _compat.has_callback(trainer, "StochasticWeightAveraging"):
             self._warn_swa()
+        if fit_loop.restarted_mid_epoch and _compat.has_callback(trainer, "BaseFinetuning"):
+            self._warn_finetuning()
         for index, loader in enumerate(self.session.loaders):
             if S.loader_kind(loader) == S.KIND_FOREIGN:
                 self._warn_foreign(index, loader)
+            if S.loader_kind(loader) == S.KIND_STATEFUL and getattr(loader, "num_workers", 0) > 0:
+                self._warn_stateful_workers(index, loader)
         pulled = self.loaded is not None and _compat.steps_pull_batches(fetcher)
         if pulled and self.loaded is not None:
             # training_step(dataloader_iter): a step pulls as many batches as it likes; the fetcher counted them
@@ -372,6 +376,29 @@ class ResumePlanner:
             " (its learning-rate schedule lags one epoch behind the uninterrupted run's; stock Lightning does the"
             " same): the resumed run will differ. Resume from a checkpoint written at an epoch's end, or use"
             " WeightAveraging, which resumes exactly.",
+            self.trainer,
+            self.warned,
+        )
+
+    def _warn_finetuning(self) -> None:
+        _compat.warn(
+            "A BaseFinetuning callback does not resume exactly from a checkpoint written in the middle of an epoch:"
+            " Lightning does not run `on_train_epoch_start` for the resumed epoch, where it unfreezes the modules due"
+            " at that epoch, and its `on_fit_start` freezes them again, so they stay frozen until the next epoch"
+            " (stock Lightning does the same). Resume from a checkpoint written at an epoch's end to continue it"
+            " exactly.",
+            self.trainer,
+            self.warned,
+        )
+
+    def _warn_stateful_workers(self, index: int, loader: Any) -> None:
+        _compat.warn(
+            f"Train dataloader {index} ({type(loader).__name__}) keeps its own position, which Lightning restores,"
+            f" and loads its batches in {loader.num_workers} worker process(es): the loader restarts its workers"
+            " from its own saved state, not from where their random generators were, so whatever its dataset draws"
+            " in the workers (random augmentation) differs from the uninterrupted run's for the rest of this epoch;"
+            " the order is exact. Draw augmentation from a generator seeded by the sample's index and the epoch to"
+            " resume it exactly.",
             self.trainer,
             self.warned,
         )

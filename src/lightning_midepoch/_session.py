@@ -58,6 +58,7 @@ class _Session:
         self.fetching = False  # the training loop is fetching a batch from its train iterator (likewise)
         self.elastic: dict[str, Any] | None = None  # the epoch being finished on another world size
         self.resuming = False  # this fit resumes from a checkpoint (the loops were restored before it trained)
+        self.validated_since_resume = False  # a validation ran in this fit after the restore (see _loops)
         self.trained = False  # the fit loop has set up its data: restores from now on are a tuner's, not a resume
         self.out_of_reach: dict[int, list[str]] = {}  # per loader: where the search for its generators stopped
         self.workers = _workers.WorkerStates()  # the random states inside the train loaders' worker processes

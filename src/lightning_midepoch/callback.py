@@ -175,6 +175,8 @@ class MidEpochResume(_CallbackBase):
         # not inside a validation: a checkpoint written there resumes by running the validation again, from the
         # random states of its middle
         if not trainer.sanity_checking:
+            if self._session is not None:
+                self._session.validated_since_resume = self._session.resuming
             self._serve_signals(trainer)
 
     @override

@@ -21,7 +21,6 @@ from ._data import SyntheticImages, random_crop_flip
 
 FOLLOWS = "Lightning examples/pytorch/domain_templates/computer_vision_fine_tuning.py (MilestonesFinetuning)"
 #: fails on main until the package fixes it (never in `make test`'s sample; `make corpus` runs it)
-PENDING = "corpus-findings.md 6: BaseFinetuning's epoch-start unfreeze is not redone on a mid-epoch resume, no warning"
 
 
 class MilestonesFinetuning(BaseFinetuning):

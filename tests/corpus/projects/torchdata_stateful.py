@@ -18,7 +18,6 @@ from ._data import SmallClassifier, SyntheticImages, random_crop_flip
 
 FOLLOWS = "torchdata StatefulDataLoader (Lightning's _Stateful loader path), 2 workers"
 #: fails on main until the package fixes it (never in `make test`'s sample; `make corpus` runs it)
-PENDING = "corpus-findings.md 7: workers' random augmentation under a StatefulDataLoader resumes silently inexact"
 
 
 class DataModule(L.LightningDataModule):

@@ -20,7 +20,6 @@ from torch.utils.data import DataLoader
 from ._data import SyntheticImages, random_crop_flip
 
 FOLLOWS = "Lightning examples/pytorch/domain_templates/computer_vision_fine_tuning.py (MilestonesFinetuning)"
-#: fails on main until the package fixes it (never in `make test`'s sample; `make corpus` runs it)
 
 
 class MilestonesFinetuning(BaseFinetuning):

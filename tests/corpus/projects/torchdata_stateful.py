@@ -17,7 +17,6 @@ from torch.utils.data import DataLoader
 from ._data import SmallClassifier, SyntheticImages, random_crop_flip
 
 FOLLOWS = "torchdata StatefulDataLoader (Lightning's _Stateful loader path), 2 workers"
-#: fails on main until the package fixes it (never in `make test`'s sample; `make corpus` runs it)
 
 
 class DataModule(L.LightningDataModule):

@@ -38,6 +38,7 @@ QUESTION_PAGES = (
     "upgrading",
     "errors",
     "warnings",
+    "warnings-data",
     "warnings-training",
     "development",
     "guide",

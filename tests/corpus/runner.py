@@ -134,6 +134,7 @@ class Run:
     error_text: str = ""
     rng: dict[str, Any] = field(default_factory=dict)
     final: dict[str, Any] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
 
     def callbacks(self, *project_callbacks: L.Callback) -> list[L.Callback]:
         """The project's callbacks, with ``MidEpochResume`` first when this run has it, and the runner's recorder."""
@@ -203,6 +204,7 @@ def fit_once(project: Any, run: Run) -> Run:
         finally:
             sys.argv = argv
             run.rng = random_streams()
+            run.files = sorted(str(path.relative_to(run.root)) for path in run.root.rglob("*") if path.is_file())
             if run.fitted_trainer is not None:
                 run.final = copy.deepcopy(final_state(run))  # as the fit left it, before anything else runs
     return run
@@ -254,7 +256,11 @@ def _without_root(value: Any, root: str) -> Any:
 
 
 def differences(expected: Run, actual: Run, skip_batches: int = 0) -> list[str]:
-    """What differs between two fits: ``actual`` is compared with ``expected``'s batches from ``skip_batches`` on."""
+    """What differs between two fits: ``actual`` is compared with ``expected``'s batches from ``skip_batches`` on.
+
+    Two whole fits (``skip_batches=0``) must also leave the same files in their folders (their names: a checkpoint's
+    bytes hold the callback's state).
+    """
     found = []
     tail = expected.seen[skip_batches:]
     if actual.seen != tail:
@@ -267,6 +273,9 @@ def differences(expected: Run, actual: Run, skip_batches: int = 0) -> list[str]:
             f"expected {tail[first] if first < len(tail) else None}, got "
             f"{actual.seen[first] if first < len(actual.seen) else None})"
         )
+    if not skip_batches and expected.files != actual.files:  # the same run: the same files (their names)
+        only = sorted(set(expected.files) ^ set(actual.files))
+        found.append(f"files differ ({', '.join(only[:4]) or 'their order'} in one run only)")
     mine, theirs = expected.final, actual.final
     for key in mine:
         if not _equal(mine[key], theirs[key]):

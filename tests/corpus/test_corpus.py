@@ -117,6 +117,22 @@ def test_an_uninterrupted_fit_that_differs_from_stock_fails(tmp_path: Path) -> N
     assert not result.ok
 
 
+def _extra_file_main(run: runner.Run) -> None:
+    lightning_autoencoder.L.seed_everything(42)
+    if run.callback:  # a stand-in for a callback that writes a file stock does not
+        (run.root / "extra.txt").write_text("written with the callback only")
+    trainer = run.trainer(max_epochs=1)
+    run.fit(trainer, lightning_autoencoder.LitAutoEncoder(), datamodule=lightning_autoencoder.MyDataModule())
+
+
+def test_a_fit_that_leaves_other_files_than_stock_fails(tmp_path: Path) -> None:
+    project = types.ModuleType("extra_file")
+    project.FOLLOWS, project.main = "a test of the runner", _extra_file_main
+    result = runner.check(project, tmp_path)
+    assert not result.transparent
+    assert result.transparency == ["files differ (extra.txt in one run only)"]
+
+
 def test_a_warning_counts_for_its_words_not_for_its_paths(tmp_path: Path) -> None:
     run = runner.Run(tmp_path / "resumed-here", callback=True)
     for message in ("The folder /tmp/resumed-here/ckpts exists and is not empty.", "Resuming from the start."):

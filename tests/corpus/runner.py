@@ -6,8 +6,9 @@ keyword arguments from :meth:`Run.trainer_kwargs` (or :meth:`Run.trainer`) and f
 runner then checks, in this process:
 
 1. **transparency**: the uninterrupted fit with ``MidEpochResume`` and without it (stock) see the same batches (their
-   bytes), end with bitwise the same weights, optimizer, scheduler and callback states, and leave the process-wide
-   random streams (torch, numpy's global generator whatever its bit generator, Python) in the same state;
+   bytes), end with bitwise the same weights, optimizer, scheduler and callback states, leave the process-wide
+   random streams (torch, numpy's global generator whatever its bit generator, Python) in the same state, and leave
+   files of the same names in their folders;
 2. **saving is invisible**: a fit with the callback that writes a checkpoint at three moments (early; the middle of
    an epoch; an epoch's last batch, or a late batch where the run is one long epoch) and carries on is still stock's
    run;

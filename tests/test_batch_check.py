@@ -1,8 +1,10 @@
-"""The resume checks itself: the next batch's fingerprint is saved with a checkpoint and compared on resume.
+"""The resume checks itself: the last batch trained is fingerprinted at a checkpoint, loaded again on resume, compared.
 
-What is compared (every kind of part a batch is made of), where a checkpoint carries a fingerprint and where none is
-in hand, that the check catches randomness out of the callback's reach before the resumed run trains on it, and that
-fetching a batch ahead at a checkpoint leaves the run exactly what it is without the callback.
+What is compared (every kind of part a batch is made of), where a checkpoint carries the check's entry and where it
+cannot, that the check catches randomness out of the callback's reach before the resumed run trains on anything, and
+that checkpoints written after every step leave the run exactly what it is without the callback
+(tests/test_batch_check_untouched.py has the cases where the earlier design, which fetched the next batch at the
+checkpoint, did not).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from harness import (
     run,
 )
 from lightning_midepoch import MidEpochResume, MidEpochResumeError
-from lightning_midepoch._batch_check import LEAVES, BatchCheck, differences, fingerprint
+from lightning_midepoch._batch_check import LEAVES, BatchCheck, Refetch, differences, fingerprint
 
 MID = CrashPoint("train_batch_end", epoch=0, batch=4)
 
@@ -132,52 +134,82 @@ def _check(verify: str, outcomes_of_others: list[bool]) -> tuple[BatchCheck, lis
     return BatchCheck(verify, lambda message, fail: reports.append((message, fail)), agree), reports, asked  # type: ignore[arg-type]
 
 
-def test_only_the_first_batch_after_expect_is_compared():
+class _Loader:
+    """Batches made of torch's global generator's draws: what the states set before a fetch decide."""
+
+    def __init__(self) -> None:
+        self.fetched = 0
+
+    def fetch(self) -> dict[str, torch.Tensor]:
+        self.fetched += 1
+        return {"x": torch.rand(2)}
+
+
+def _refetch(saved_seed: int, loaded_seed: int) -> Refetch:
+    """The entry of a batch drawn after ``saved_seed``, to be loaded again after ``loaded_seed``."""
+    torch.manual_seed(saved_seed)
+    saved = fingerprint({"x": torch.rand(2)})
+
+    def set_states() -> None:
+        torch.manual_seed(loaded_seed)
+
+    return Refetch(saved, set_states)
+
+
+def test_the_batch_is_loaded_again_from_its_states_compared_and_dropped():
     check, reports, asked = _check("warn", [])
-    check.fetched({"x": torch.ones(2)})  # not armed: nothing compared, no collective
-    assert asked == []
-    check.expect(fingerprint({"x": torch.ones(2)}), "batch_idx 5 of epoch 0")
-    check.fetched({"x": torch.zeros(2)})
-    check.fetched({"x": torch.zeros(2)})
+    loader = _Loader()
+    check.refetch(loader.fetch)  # not armed: nothing loaded
+    assert loader.fetched == 0
+    check.expect(_refetch(saved_seed=3, loaded_seed=3), "batch_idx 4 of epoch 0")
+    before = torch.get_rng_state()
+    check.refetch(loader.fetch)
+    assert torch.equal(torch.get_rng_state(), before)  # loaded from its own states; the run's are left as they were
+    check.refetch(loader.fetch)  # once only
+    assert loader.fetched == 1
+    check.conclude()
+    assert (asked, reports) == ([False], [])
+
+
+def test_a_batch_that_differs_is_reported_with_its_parts():
+    check, reports, asked = _check("warn", [])
+    check.expect(_refetch(saved_seed=3, loaded_seed=4), "batch_idx 4 of epoch 0")
+    check.refetch(_Loader().fetch)
+    check.conclude()
     assert asked == [True]
     ((message, fail),) = reports
     assert not fail
-    assert "batch_idx 5 of epoch 0" in message
+    assert "batch_idx 4 of epoch 0" in message
     assert "(differing: ['x'])" in message
 
 
 def test_every_rank_learns_the_outcome_before_any_raises():
     """This rank's batch is right, rank 1's is not: this rank raises too, naming rank 1 (no rank waits for another)."""
     check, reports, asked = _check("raise", [True])
-    check.expect(fingerprint({"x": torch.ones(2)}), "batch_idx 5 of epoch 0")
-    check.fetched({"x": torch.ones(2)})
+    check.expect(_refetch(saved_seed=3, loaded_seed=3), "batch_idx 4 of epoch 0")
+    check.refetch(_Loader().fetch)
+    check.conclude()
     assert asked == [False]
     ((message, fail),) = reports
     assert fail
     assert "on rank(s) 1" in message
-    # a rank that saved no fingerprint while others did still takes part in the collective
+    # a rank that saved no entry while others did loads nothing again, and still takes part in the agreement
     quiet, quiet_reports, quiet_asked = _check("raise", [False])
-    quiet.expect(None, "batch_idx 5 of epoch 0")
-    quiet.fetched({"x": torch.ones(2)})
-    assert (quiet_asked, quiet_reports) == ([False], [])
+    quiet.expect(None, "")
+    loader = _Loader()
+    quiet.refetch(loader.fetch)
+    quiet.conclude()
+    assert (loader.fetched, quiet_asked, quiet_reports) == (0, [False], [])
 
 
-def test_the_check_ends_with_the_resumed_iterator():
-    """The resumed iterator's first batch is compared; if it had none, the next iterator's is not."""
-    check, reports, asked = _check("warn", [])
-    check.expect(fingerprint({"x": torch.ones(2)}), "batch_idx 5 of epoch 0")
-    check.iterator_started()  # the resumed epoch's iterator
-    assert check.armed
-    check.iterator_started()  # the next epoch's: the resumed one ended without a batch
-    check.fetched({"x": torch.zeros(2)})
-    assert (reports, asked) == ([], [])
-
-
-def test_off_is_never_armed():
+def test_off_loads_the_batch_again_and_compares_nothing():
+    """The positions were saved before the batch: it is loaded again (and dropped) whatever the resumed run asks."""
     check, reports, asked = _check("off", [])
-    check.expect(fingerprint({"x": torch.ones(2)}), "batch_idx 5 of epoch 0")
-    check.fetched({"x": torch.zeros(2)})
-    assert (reports, asked) == ([], [])
+    check.expect(_refetch(saved_seed=3, loaded_seed=4), "batch_idx 4 of epoch 0")
+    loader = _Loader()
+    check.refetch(loader.fetch)
+    check.conclude()
+    assert (loader.fetched, reports, asked) == (1, [], [])
 
 
 def test_verify_batch_takes_only_its_values():
@@ -201,14 +233,14 @@ class _Fingerprints(L.Callback):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_the_checkpoint_fingerprints_the_batch_the_uninterrupted_run_trains_next(num_workers, tmp_path):
+def test_the_checkpoint_fingerprints_the_last_batch_the_run_trained_on(num_workers, tmp_path):
     config = Config(augment=True, num_workers=num_workers, max_epochs=1)
     batches = _Fingerprints()
     run(config, tmp_path / "full", extra_callbacks=[batches])
     assert run(config, tmp_path / "interrupted", crash=MID).crashed
     (rank,) = _state(checkpoint_path(tmp_path / "interrupted", MID))["ranks"]
-    assert rank["next_batch"] == batches.seen[(0, 5)]
-    assert rank["next_batch"] != batches.seen[(0, 4)]
+    assert rank["last_batch"]["fingerprint"] == batches.seen[(0, 4)]
+    assert rank["last_batch"]["fingerprint"] != batches.seen[(0, 5)]
 
 
 @pytest.mark.parametrize(
@@ -221,20 +253,30 @@ def test_the_checkpoint_fingerprints_the_batch_the_uninterrupted_run_trains_next
     ],
     ids=["inside-a-batch", "epoch-end", "last-batch", "dataloader_iter"],
 )
-def test_no_fingerprint_where_no_untouched_next_batch_is_in_hand(config, crash, tmp_path):
+def test_no_check_where_the_last_batch_is_not_loaded_again(config, crash, tmp_path):
     assert run(config, tmp_path, crash=crash).crashed
     (rank,) = _state(checkpoint_path(tmp_path, crash))["ranks"]
-    assert rank.get("next_batch") is None
+    assert rank["last_batch"] is None
 
 
-def test_an_unsized_loaders_next_batch_is_the_one_lightning_holds(tmp_path):
-    """Lightning fetches one batch ahead from a loader without a length: that one is fingerprinted."""
-    config = Config(iterable="stateful", max_epochs=1)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_loader_without_a_length_is_checked_where_its_workers_load(num_workers, tmp_path):
+    """Lightning fetches one batch ahead from a loader without a length: the last trained is the one before it.
+
+    Loaded in workers, it is loaded again from the workers' saved states. Loaded in the main process, the states it
+    was loaded from were replaced when Lightning loaded the batch ahead: no check.
+    """
+    config = Config(iterable="stateful", iterable_workers=num_workers, augment=True, max_epochs=1)
     batches = _Fingerprints()
     run(config, tmp_path / "full", extra_callbacks=[batches])
     assert run(config, tmp_path / "interrupted", crash=MID).crashed
     (rank,) = _state(checkpoint_path(tmp_path / "interrupted", MID))["ranks"]
-    assert rank["next_batch"] == batches.seen[(0, 5)]
+    if num_workers == 0:
+        assert rank["last_batch"] is None
+        return
+    assert rank["last_batch"]["fingerprint"] == batches.seen[(0, 4)]
+    assert [m for m in _resume(config, tmp_path, "raise", []) if "differs" in m] == []
+    assert_exact(interrupt_and_resume(config, MID, tmp_path / "exact"))
 
 
 def _resume(config: Config, tmp_path: Path, verify: str, holder: list[Any], name: str = "resumed") -> list[str]:
@@ -259,12 +301,12 @@ def test_a_generator_at_module_level_is_caught_before_the_resumed_run_trains_on_
     config = Config(augment=True, num_workers=num_workers, max_epochs=1, pipeline="module")
     assert run(config, tmp_path / "interrupted", crash=MID).crashed
     models: list[Any] = []
-    with pytest.raises(MidEpochResumeError, match=r"first batch, batch_idx 5 of epoch 0, differs") as raised:
+    with pytest.raises(MidEpochResumeError, match=r"batch_idx 4 of epoch 0, loaded again by the resumed run, differs") as raised:
         _resume(config, tmp_path, "raise", models, "strict")
     assert "(differing: [1])" in str(raised.value)  # the inputs; the ids and targets are the same
     assert models[0].seen == []  # raised before the model trained on it
     messages = _resume(config, tmp_path, "warn", models)
-    assert len([m for m in messages if "differs from the batch the checkpoint was written before" in m]) == 1
+    assert len([m for m in messages if "differs from the one the checkpoint's run trained on" in m]) == 1
     assert models[1].seen[0][:2] == (0, 5)  # warned, and trained on
     assert not [m for m in _resume(config, tmp_path, "off", models, "off") if "differs" in m]
 
@@ -273,7 +315,7 @@ def test_a_changed_dataset_is_caught(tmp_path):
     config = Config(max_epochs=1, num_workers=2)
     assert run(config, tmp_path / "interrupted", crash=MID).crashed
     messages = _resume(replace(config, augment=True), tmp_path, "warn", [])
-    assert [m for m in messages if "batch_idx 5 of epoch 0, differs" in m and "a dataset or transform" in m]
+    assert [m for m in messages if "batch_idx 4 of epoch 0, loaded again by the resumed run, differs" in m]
 
 
 def test_a_resume_of_an_exact_pipeline_is_not_warned(tmp_path):
@@ -291,12 +333,12 @@ def test_verify_batch_off_saves_no_fingerprint(tmp_path):
     config = Config(max_epochs=1)
     run(config, tmp_path, callback=False, crash=MID, extra_callbacks=[MidEpochResume(verify_batch="off")])
     (rank,) = _state(checkpoint_path(tmp_path, MID))["ranks"]
-    assert rank.get("next_batch") is None
+    assert rank["last_batch"] is None
 
 
 # ---------------------------------------------------------------------------------------------- the same run
 class _EveryStep(ModelCheckpoint):
-    """``ModelCheckpoint(every_n_train_steps=1)``: a checkpoint, and so a fetch ahead, after every batch."""
+    """``ModelCheckpoint(every_n_train_steps=1)``: a checkpoint, and so a fingerprint, after every batch."""
 
     def __init__(self, directory: Path) -> None:
         super().__init__(dirpath=directory, every_n_train_steps=1, save_top_k=-1)
@@ -311,7 +353,7 @@ class _EveryStep(ModelCheckpoint):
     ],
     ids=["main-process", "main-process-validation", "workers-validation"],
 )
-def test_fetching_ahead_at_every_checkpoint_leaves_the_run_as_it_is_without_the_callback(config, tmp_path):
+def test_a_checkpoint_after_every_batch_leaves_the_run_as_it_is_without_the_callback(config, tmp_path):
     ours = run(config, tmp_path / "ours", extra_callbacks=[_EveryStep(tmp_path / "ours" / "ckpt")])
     stock = run(config, tmp_path / "stock", callback=False, extra_callbacks=[_EveryStep(tmp_path / "stock" / "ckpt")])
     assert ours.seen == stock.seen

@@ -40,7 +40,7 @@ TOP_KEYS = {
     "world_size",
     "state",
     "rng",
-    "next_batch",
+    "last_batch",
     "loaders",
     "verdict",
     "blockers",
@@ -280,8 +280,8 @@ def test_exact_mid_epoch_checkpoint_text(ckpts, capsys):
     assert "World size:         1" in lines
     assert "RNG states:         present for every rank (1 of 1)" in lines
     assert (
-        "Next batch:         fingerprint saved for every rank (4 parts): the resumed run compares its first batch with"
-        " it before training on it"
+        "Batch check:        last batch trained fingerprinted for every rank (4 parts): the resumed run loads it again"
+        " and compares it before training"
     ) in lines
     assert f"MidEpochResume:     state version 1, adds {state_bytes.tell():,} bytes" in out
     table = lines.index("  #  kind  samples  batch size  drop_last  batches  consumed")
@@ -309,7 +309,7 @@ def test_exact_mid_epoch_checkpoint_json(ckpts, capsys):
     assert doc["state"]["version"] == 1
     assert doc["state"]["bytes"] > 1000
     assert doc["rng"] == {"ranks_present": [0], "ranks_missing": [], "all_present": True, "cuda": False}
-    assert doc["next_batch"] == {"ranks_present": [0], "parts": 4, "why_absent": None}
+    assert doc["last_batch"] == {"ranks_present": [0], "parts": 4, "why_absent": None}
     (loader,) = doc["loaders"]
     assert set(loader) == LOADER_KEYS
     assert loader == {
@@ -840,9 +840,9 @@ def test_missing_worker_states_are_a_caveat(tmp_path, capsys):
 def test_a_checkpoint_without_a_fingerprint_says_why(crash, why, tmp_path, capsys):
     assert run(Config(), tmp_path, crash=crash).crashed
     _, out, _ = cli(capsys, checkpoint_path(tmp_path, crash))
-    (line,) = [line for line in out.splitlines() if line.startswith("Next batch:")]
-    assert line.startswith(f"Next batch:         no fingerprint ({why}")
-    assert line.endswith("the resumed run cannot check its first batch")
+    (line,) = [line for line in out.splitlines() if line.startswith("Batch check:")]
+    assert line.startswith(f"Batch check:        no fingerprint ({why}")
+    assert line.endswith("the resumed run cannot check its batches")
     _, doc = cli_json(capsys, checkpoint_path(tmp_path, crash))
-    assert doc["next_batch"]["ranks_present"] == []
-    assert doc["next_batch"]["why_absent"].startswith(why)
+    assert doc["last_batch"]["ranks_present"] == []
+    assert doc["last_batch"]["why_absent"].startswith(why)

@@ -69,10 +69,13 @@ def test_saved_structure(tmp_path):
         }
     ]
     (rank,) = state["ranks"]
-    assert set(rank) == {"rng", "passes", "generators", "dataset_states", "grads", "next_batch"}
-    # the fingerprint of the next batch (ids, inputs, targets), fetched ahead at the checkpoint (tests/test_batch_check)
-    assert set(rank["next_batch"]) == {"digest", "leaves"}
-    assert list(rank["next_batch"]["leaves"]) == ["", "[0]", "[1]", "[2]"]
+    assert set(rank) == {"rng", "passes", "generators", "dataset_states", "grads", "last_batch"}
+    # the batch check (tests/test_batch_check): the last batch trained (ids, inputs, targets), fingerprinted, and the
+    # process-wide states it was loaded from (no dataset read in the main process owns a generator here)
+    assert set(rank["last_batch"]) == {"fingerprint", "rng"}
+    assert set(rank["last_batch"]["fingerprint"]) == {"digest", "leaves"}
+    assert list(rank["last_batch"]["fingerprint"]["leaves"]) == ["", "[0]", "[1]", "[2]"]
+    assert set(rank["last_batch"]["rng"]) == {"torch", "numpy", "python"}
     assert set(rank["rng"]) == {"torch", "numpy", "python"}
     (record,) = rank["passes"]
     assert set(record) == {"epoch", "index", "at_iter", "at_first_next", "pulled", "exhausted"}

@@ -1,10 +1,14 @@
-"""The resume checks itself: a fingerprint of the next batch, saved with a checkpoint and compared on resume.
+"""The resume checks itself: the last batch trained before a checkpoint, loaded again by the resumed run and compared.
 
 The callback makes a resume exact by finding every random state that shapes the data and restoring it. Whatever it
 cannot find (a generator at module level, one a library keeps to itself), it cannot restore, and without a check
-nothing would say so. A checkpoint written after a finished batch therefore carries the fingerprint of the batch the
-training loop fetches next, taken while the model has not touched it; the resumed run fingerprints the first batch it
-fetches, at the same position, and compares the two before it trains on that batch.
+nothing would say so. A checkpoint written after a finished batch therefore carries a fingerprint of that batch, the
+last one the training loop was handed before it, taken when the checkpoint is written (the run keeps a reference to
+the batch, nothing more: it fetches, draws and loads nothing that it would not without the callback). The saved data
+positions of that checkpoint are those a checkpoint written inside the batch has: a resumed run starts its pass one
+batch early, as it does for such a checkpoint, loads that batch again from the random states it was loaded with,
+compares it with the fingerprint, drops it, and continues from the states the checkpoint was written with. A resume
+costs one batch load more; a run that is never resumed, nothing but the fingerprint at each checkpoint.
 
 What is compared: the batch's structure (dicts by key, lists, tuples, named tuples and dataclasses by field) and its
 leaves. Tensors and numpy arrays by dtype, shape and a SHA-256 of their bytes; ``str`` and ``bytes`` by a SHA-256;
@@ -20,6 +24,8 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+
+from lightning_midepoch import _rng
 
 #: What the resumed run does when its first batch differs from the checkpoint's fingerprint.
 VerifyBatch = Literal["warn", "raise", "off"]
@@ -114,13 +120,15 @@ def _describe(value: Any, path: str) -> Iterator[tuple[str, str]]:
 
 
 class BatchCheck:
-    """Compares the first batch a resumed run fetches with the fingerprint its checkpoint saved for that position.
+    """Loads the last batch trained before the checkpoint again, at the resumed run's start, and compares it.
 
-    Armed by the resume planner (:meth:`expect`) when the resumed run continues the saved pass exactly; the fetch
-    override hands it every batch fetched (:meth:`fetched`), and it compares the first one only.
+    Armed by the resume planner (:meth:`expect`) before it starts the resumed iterator, one batch before where the
+    epoch continues; the ``CombinedLoader`` override hands it the iterator as soon as it is created
+    (:meth:`refetch`), before anything else fetches from it; the planner then has the ranks agree on the outcome
+    (:meth:`conclude`), which every rank reaches.
 
     Args:
-        verify: ``"warn"`` or ``"raise"`` when the batches differ (``"off"``: never armed).
+        verify: ``"warn"`` or ``"raise"`` when the batches differ (``"off"``: the batch is loaded again, not compared).
         report: Called with the message, and whether to raise, once every rank knows the outcome.
         agree: Under DDP, every rank's outcome from this rank's (True: its batch differs); the ranks call it together.
 
@@ -135,29 +143,30 @@ class BatchCheck:
         self.verify = verify
         self.report = report
         self.agree = agree
-        self.expected: Mapping[str, Any] | None = None  # this rank's saved fingerprint
-        self.armed = False
+        self.pending: Refetch | None = None  # the batch to load again when the resumed iterator is created
+        self.differ: list[str] = []  # the parts of the batch loaded again that differ from the fingerprint
         self.where = ""  # the batch, as a message names it
-        self.iterators = 0  # train iterators started since expect(): the batch is the resumed one's first
 
-    def expect(self, saved: Mapping[str, Any] | None, where: str) -> None:
-        """Compare the next batch fetched with ``saved`` (None on a rank that saved none while others did)."""
-        self.expected, self.armed, self.where = saved, self.verify != "off", where
-        self.iterators = 0
+    def expect(self, refetch: Refetch | None, where: str) -> None:
+        """Load a batch again from the next iterator created (None: none, on a rank that saved none)."""
+        self.pending, self.differ, self.where = refetch, [], where
 
-    def iterator_started(self) -> None:
-        """A train iterator is started: after the resumed one, the batch compared with is gone (an empty epoch)."""
-        self.iterators += 1
-        if self.iterators > 1:
-            self.armed, self.expected = False, None
-
-    def fetched(self, batch: Any) -> None:
-        """A batch was fetched: the first after :meth:`expect` is compared."""
-        if not self.armed:
+    def refetch(self, fetch: Callable[[], Any]) -> None:
+        """The resumed iterator was created: load the pending batch from it, compare it, drop it."""
+        pending, self.pending = self.pending, None
+        if pending is None:
             return
-        self.armed = False
-        expected, self.expected = self.expected, None
-        differ = [] if expected is None else differences(expected, fingerprint(batch))
+        with _rng.isolated_global():  # (the run continues from the states the checkpoint restored)
+            pending.set_states()
+            batch = fetch()
+        if self.verify != "off":
+            self.differ = differences(pending.fingerprint, fingerprint(batch))
+
+    def conclude(self) -> None:
+        """Every rank's outcome, then the warning or error (every rank calls this, once the check is armed)."""
+        differ, self.differ = self.differ, []
+        if self.verify == "off":
+            return
         outcomes = self.agree(bool(differ))
         if not any(outcomes):
             return
@@ -165,11 +174,20 @@ class BatchCheck:
         on_ranks = f" on rank(s) {', '.join(map(str, ranks))}" if len(outcomes) > 1 else ""
         parts = f" (differing: {', '.join(differ[:8])})" if differ else ""
         self.report(
-            f"The resumed run's first batch, {self.where}, differs from the batch the checkpoint was written before"
-            f"{on_ranks}{parts}: the resumed run is not the uninterrupted one. Likely causes: random state the callback"
-            " cannot reach (a generator created at module level, or kept where MidEpochResume does not look), or a"
-            " dataset or transform that changed since the checkpoint. Hold the generator on the dataset (or its"
-            " transforms), or seed it from the worker's seed for each sample (see the docs' page 'Data pipelines',"
-            " section 'A resume that checks itself').",
+            f"The last batch trained before the checkpoint, {self.where}, loaded again by the resumed run, differs from"
+            f" the one the checkpoint's run trained on{on_ranks}{parts}: the resumed run is not the uninterrupted one."
+            " Likely causes: random state the callback cannot reach (a generator created at module level, or kept"
+            " where MidEpochResume does not look), or a dataset or transform that changed since the checkpoint (or a"
+            " training step that changed its batch in place). Hold the generator on the dataset (or its transforms),"
+            " or seed it from the worker's seed for each sample (see the docs' page 'Data pipelines', section 'A resume"
+            " that checks itself').",
             self.verify == "raise",
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class Refetch:
+    """The batch a resumed run loads again: its saved fingerprint, and how to set the states it was loaded with."""
+
+    fingerprint: Mapping[str, Any]
+    set_states: Callable[[], None]

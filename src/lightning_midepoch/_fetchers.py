@@ -8,21 +8,19 @@ iterator whose loaders have not started; the epoch loop starts them in ``on_run_
 
 Every fetch of a training batch is a ``next()`` of the train ``CombinedLoader`` (the fetcher's iterator is the
 ``CombinedLoader`` itself, in every fetcher and for ``training_step(dataloader_iter)`` too): its override tells the
-session where a batch starts.
-
-A checkpoint may also take the next batch early, to fingerprint it (:meth:`_FetchingCombinedLoader.fetch_ahead`): the
-training loop's next fetch then returns that batch instead of fetching another.
+session where a batch starts, and the session keeps a reference to the batch (the batch check fingerprints the last
+one when a checkpoint is written). A resumed iterator, once created, first loads the last batch trained before the
+checkpoint again, for the batch check (:mod:`lightning_midepoch._batch_check`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
-from lightning_midepoch import _compat, _rng
+from lightning_midepoch import _compat
 from lightning_midepoch._mixin import stock_reduce
 
 if TYPE_CHECKING:
@@ -37,50 +35,6 @@ else:
     _DataFetcherBase, _CombinedLoaderBase = Iterator, Iterable
 
 
-#: What a fetch ahead found when the iterator was exhausted: the training loop's next fetch ends the epoch.
-EXHAUSTED = object()
-
-
-@dataclass
-class States:
-    """Reads and sets the random states a fetch in the main process may draw from (see ``_Session.fetch_states``)."""
-
-    read: Callable[[], Any]
-    write: Callable[[Any], None]
-
-
-@dataclass
-class Ahead:
-    """A batch fetched ahead of the training loop, for its next fetch (see :meth:`_FetchingCombinedLoader.fetch_ahead`).
-
-    Where the fetch drew from the random states the main process loads with (its dataset's augmentation, a sampler
-    that draws there), they were set back to ``before``; the training loop's fetch moves them on to ``after``, as its
-    own fetch would have, provided nothing else drew from them in between.
-    """
-
-    result: Any  # what the CombinedLoader returned: (batch, batch_idx, dataloader_idx), or EXHAUSTED
-    states: States
-    before: Any = None
-    after: Any = None
-
-    def take(self, warn: Callable[[str], None]) -> Any:
-        """The training loop's fetch: the batch, with the random states as that fetch would leave them."""
-        if self.after is not None:
-            if _rng.states_equal(self.states.read(), self.before):
-                self.states.write(self.after)
-            else:
-                warn(
-                    "MidEpochResume loaded the next training batch at a checkpoint, to fingerprint it, and loading it"
-                    " drew from random generators of the main process. Something else drew from them before the"
-                    " training loop fetched that batch, so from here on this run's random draws differ from a run"
-                    ' without the callback. Pass `MidEpochResume(verify_batch="off")` to leave every fetch where'
-                    " Lightning makes it."
-                )
-        if self.result is EXHAUSTED:
-            raise StopIteration
-        return self.result
-
-
 class _FetchingCombinedLoader(_CombinedLoaderBase):
     """Mixed into the trainer's train ``CombinedLoader`` by :class:`_Session`: the session sees every fetch."""
 
@@ -88,46 +42,28 @@ class _FetchingCombinedLoader(_CombinedLoaderBase):
     __reduce_ex__ = stock_reduce
 
     @override
+    def __iter__(self) -> Any:
+        iterator = super().__iter__()
+        if self._midepoch.batch_check.pending is not None:
+            # a resumed iterator, started one batch early: that batch is loaded again, compared and dropped here,
+            # before any fetcher fetches from it
+            self._midepoch.batch_check.refetch(lambda: self.__next__()[0])
+        return iterator
+
+    @override
     def __next__(self) -> Any:
         session = self._midepoch
         session.before_fetch()
-        try:
-            ahead, session.ahead = session.ahead, None
-            if ahead is not None:
-                result = ahead.take(session.warn)
-            else:
-                session.fetching = True
-                try:
-                    result = super().__next__()
-                finally:
-                    session.fetching = False
-        finally:
-            session.after_fetch()
-        if session.batch_check.armed:  # the first batch after a resume: compared before the loop trains on it
-            session.batch_check.fetched(result[0])
-        return result
-
-    def fetch_ahead(self, states: States) -> Ahead:
-        """Fetch the next batch now, for the training loop's next fetch to return (see ``_Session.upcoming_batch``).
-
-        The random states a fetch may draw from in the main process (``states``) are read around it and set back if
-        it drew from them; the training loop's fetch sets them where this fetch left them.
-        """
-        session = self._midepoch
-        before = states.read()
         session.fetching = True
-        result: Any
         try:
             result = super().__next__()
-        except StopIteration:
-            result = EXHAUSTED
         finally:
             session.fetching = False
-        after = states.read()
-        if _rng.states_equal(after, before):
-            return Ahead(result, states)
-        states.write(before)
-        return Ahead(result, states, before, after)
+            session.after_fetch()
+        # (references: fingerprinted only if a checkpoint is written after the batch; the one before is the last
+        # trained where Lightning holds a batch ahead)
+        session.previous_batch, session.last_batch = session.last_batch, result[0]
+        return result
 
 
 class _ResumableDataFetcher(_DataFetcherBase):

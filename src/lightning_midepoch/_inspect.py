@@ -259,8 +259,8 @@ class RngInfo:
 
 
 @dataclass
-class NextBatchInfo:
-    """Whether the checkpoint carries the fingerprint of the batch a resumed run fetches first (it checks itself)."""
+class LastBatchInfo:
+    """Whether the checkpoint carries the batch check's entry: the last batch trained, which a resumed run compares."""
 
     ranks_present: list[int] = field(default_factory=list)
     parts: int | None = None  # the parts of rank 0's batch described one by one
@@ -287,7 +287,7 @@ class Report:
     world_size: int | None
     state: StateInfo
     rng: RngInfo = field(default_factory=RngInfo)
-    next_batch: NextBatchInfo = field(default_factory=NextBatchInfo)
+    last_batch: LastBatchInfo = field(default_factory=LastBatchInfo)
     loaders: list[LoaderReport] | None = None
     verdict: str = EXACT
     blockers: list[Blocker] = field(default_factory=list)
@@ -668,7 +668,7 @@ def _analyse_state(report: Report, checkpoint: Mapping[str, Any], raw_state: obj
             f"No random states for rank(s) {', '.join(map(str, missing))} of {world_size}: there, dropout,"
             " augmentation and the orders of later epochs draw from fresh states."
         )
-    report.next_batch = _next_batch_info(ranks, world_size, report.resume)
+    report.last_batch = _last_batch_info(ranks, world_size, report.resume)
     loader_states = _get(checkpoint, "loops", "fit_loop", "state_dict", "combined_loader")
     stateful_saved = isinstance(loader_states, list) and len(loader_states) > 0
     point = report.resume
@@ -702,23 +702,23 @@ def _analyse_state(report: Report, checkpoint: Mapping[str, Any], raw_state: obj
         )
 
 
-def _next_batch_info(ranks: Sequence[Mapping[str, Any] | None], world_size: int, point: ResumePoint) -> NextBatchInfo:
-    fingerprints = [_rank_entry(ranks, rank, S.KEY_NEXT_BATCH) for rank in range(world_size)]
-    present = [rank for rank, entry in enumerate(fingerprints) if isinstance(entry, Mapping)]
+def _last_batch_info(ranks: Sequence[Mapping[str, Any] | None], world_size: int, point: ResumePoint) -> LastBatchInfo:
+    entries = [_rank_entry(ranks, rank, S.KEY_LAST_BATCH) for rank in range(world_size)]
+    present = [rank for rank, entry in enumerate(entries) if isinstance(entry, Mapping)]
     if present:
-        leaves = _get(fingerprints[present[0]], "leaves")
-        return NextBatchInfo(present, len(leaves) if isinstance(leaves, Mapping) else None)
+        leaves = _get(entries[present[0]], "fingerprint", "leaves")
+        return LastBatchInfo(present, len(leaves) if isinstance(leaves, Mapping) else None)
     if point.saved_at == IN_BATCH:
-        why = "written inside a batch: the batch the resumed run fetches first is that one, no longer untouched"
+        why = "written inside a batch: the resumed run runs that batch again, with nothing to compare it with"
     elif not point.continues_epoch:
         why = "written at an epoch's end: the resumed run starts the next epoch"
     else:
         why = (
-            "no untouched next batch was in hand when it was written: training_step(dataloader_iter), a validation"
-            " due after a batch loaded in the main process, train loaders that keep their own position, or"
+            "the last batch trained cannot be loaded again as it was: training_step(dataloader_iter), train loaders"
+            " that keep their own position, a loader without a length read in the main process, or"
             ' MidEpochResume(verify_batch="off") or an earlier release'
         )
-    return NextBatchInfo(why_absent=why)
+    return LastBatchInfo(why_absent=why)
 
 
 def _elastic_condition(loaders: Sequence[Mapping[str, Any]], world_size: int) -> str:
@@ -957,17 +957,17 @@ def _rng_text(report: Report) -> str:
     return text + (", CUDA included" if rng.cuda else "")
 
 
-def _next_batch_text(report: Report) -> str:
-    info = report.next_batch
+def _last_batch_text(report: Report) -> str:
+    info = report.last_batch
     if info.ranks_present:
         ranks = "every rank" if len(info.ranks_present) == report.world_size else f"rank(s) {info.ranks_present}"
         return (
-            f"fingerprint saved for {ranks} ({_na(info.parts)} parts): the resumed run compares its first batch"
-            " with it before training on it"
+            f"last batch trained fingerprinted for {ranks} ({_na(info.parts)} parts): the resumed run loads it"
+            " again and compares it before training"
         )
     if info.why_absent is None:
         return "no fingerprint"
-    return f"no fingerprint ({info.why_absent}): the resumed run cannot check its first batch"
+    return f"no fingerprint ({info.why_absent}): the resumed run cannot check its batches"
 
 
 def _state_text(state: StateInfo) -> str:
@@ -1044,7 +1044,7 @@ def render_text(report: Report) -> str:
         f"Global step:        {report.global_step}",
         f"World size:         {world_size}",
         f"RNG states:         {_rng_text(report)}",
-        f"Next batch:         {_next_batch_text(report)}",
+        f"Batch check:        {_last_batch_text(report)}",
         f"MidEpochResume:     {_state_text(report.state)}",
         *_loader_lines(report),
         "",

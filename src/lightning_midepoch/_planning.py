@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from lightning_midepoch import _compat, _elastic, _rng, _workers
+from lightning_midepoch import _batch_check, _compat, _elastic, _rng, _workers
 from lightning_midepoch import _state as S
 from lightning_midepoch._order import _PassRecord, _Replay
 
@@ -95,7 +95,7 @@ class ResumePlanner:
             if self._fingerprinted() and self.session.verify_batch != "off":
                 _compat.info(
                     "MidEpochResume: this resume continues the epoch on another number of devices, so each rank loads"
-                    " other batches than it did before: the checkpoint's fingerprint of the next batch is not"
+                    " other batches than it did before: the checkpoint's fingerprint of its last batch is not"
                     " compared.",
                     trainer,
                 )
@@ -104,17 +104,19 @@ class ResumePlanner:
         at_epoch_end = self.session.finish_interrupted_batch and epoch_loop.batch_progress.is_last_batch
         mode = _compat.combined_mode(self.session.combined_loader)  # type: ignore[arg-type]
         replays = {}
+        # the batch check: the data positions saved are those before the last batch trained, which is loaded again
+        start = consumed - self._expect_batch(epoch, consumed)
         # iterable datasets read in workers continue where each worker's copy was
         workers_to_arm: dict[int, tuple[int, bool]] = {
-            index: (consumed, True) for index in self.session.workers.loaders if self.session.recorders[index] is None
+            index: (start, True) for index in self.session.workers.loaders if self.session.recorders[index] is None
         }
-        self.restorer.restore_dataset_states(rank_state, at_epoch_end, from_start=consumed == 0, exclude=workers_to_arm)
+        self.restorer.restore_dataset_states(rank_state, at_epoch_end, from_start=start == 0, exclude=workers_to_arm)
         for index, recorder in enumerate(self.session.recorders):
             if recorder is None:
                 continue
             record = records[index]
             recorded_pass = record["index"] if record is not None and record["epoch"] == epoch else None
-            pass_index, skip = S.loader_position(mode, consumed, len(recorder), recorded_pass)
+            pass_index, skip = S.loader_position(mode, start, len(recorder), recorded_pass)
             replay_record = None
             if record is not None and record["epoch"] == epoch and record["index"] == pass_index:
                 replay_record = _PassRecord.from_state_dict(record)
@@ -129,10 +131,10 @@ class ResumePlanner:
         for index in self._arm_workers(rank_state, workers_to_arm):
             if index in replays:
                 replays[index].new_workers = True
-        if not at_epoch_end:
-            self._expect_batch(epoch, consumed)
         with _rng.isolated_global():
             self._build(fetcher, replays)
+        if self._fingerprinted():
+            self.session.batch_check.conclude()  # (every rank: the ranks agree on the outcome)
         # replaying moved the loaders' own generators back to where the pass started; a pass that draws (again) at
         # its first next() sets them itself, but one that is never advanced again must still end where it was. A
         # replayed pass that knows how far the loader had taken it sets them at that position itself.
@@ -154,16 +156,33 @@ class ResumePlanner:
             fetcher.fetched += consumed - epoch_loop.batch_progress.current.ready
 
     def _fingerprinted(self) -> bool:
-        """Whether the checkpoint holds a fingerprint of the next batch (for every rank that saved states)."""
+        """Whether the checkpoint holds the batch check's entry (for some rank: every rank takes part in the check)."""
         ranks = self.loaded[S.KEY_RANKS] if self.loaded is not None else []
-        return any(rank is not None and rank.get(S.KEY_NEXT_BATCH) is not None for rank in ranks)
+        return any(rank is not None and rank.get(S.KEY_LAST_BATCH) is not None for rank in ranks)
 
-    def _expect_batch(self, epoch: int, consumed: int) -> None:
-        """Have the first batch fetched compared with this rank's fingerprint of it (every rank takes part)."""
-        if self._fingerprinted():
-            rank_state = self.restorer.rank_state()
-            saved = rank_state.get(S.KEY_NEXT_BATCH) if rank_state is not None else None
-            self.session.batch_check.expect(saved, f"batch_idx {consumed} of epoch {epoch}")
+    def _expect_batch(self, epoch: int, consumed: int) -> int:
+        """Have the resumed iterator load the last batch trained again, if this rank saved it: 1 if so, else 0.
+
+        A checkpoint that holds the batch check's entry saved the data positions before that batch (never at an
+        epoch's last batch): the resumed pass starts there, one batch early.
+        """
+        rank_state = self.restorer.rank_state()
+        entry = rank_state.get(S.KEY_LAST_BATCH) if rank_state is not None else None
+        if entry is None:
+            self.session.batch_check.expect(None, "")
+            return 0
+        saved_generators = entry.get(S.KEY_DATASET_GENERATORS) or []
+
+        def set_states() -> None:
+            _rng.restore_global(entry["rng"])
+            for index, objects in self.session.saver.dataset_generators.items():
+                if index < len(saved_generators) and saved_generators[index]:
+                    _rng.restore_objects(objects, saved_generators[index])
+
+        self.session.batch_check.expect(
+            _batch_check.Refetch(entry["fingerprint"], set_states), f"batch_idx {consumed - 1} of epoch {epoch}"
+        )
+        return 1
 
     def _leave_finished_passes(self, epoch: int) -> bool:
         """A new epoch after a checkpoint written at an epoch's end or start: stateful loaders continue from there.

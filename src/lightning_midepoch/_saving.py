@@ -203,6 +203,9 @@ class Saver:
         ]
         grads = self._partial_grads()
         inside_batch = self._inside_batch()
+        # the batch check: a resumed run loads the last batch trained again, so the positions saved are before it
+        last_batch = self._last_batch(inside_batch)
+        rewind = int(last_batch is not None)
         rank_state = {
             S.KEY_RNG: self._live_states(inside_batch, grads_pending=grads is not None),
             S.KEY_PASSES: passes,
@@ -210,8 +213,9 @@ class Saver:
                 _rng.capture_objects(recorder.rng_objects) if recorder is not None else None
                 for recorder in self.session.recorders
             ],
-            S.KEY_DATASET_STATES: [self._dataset_state(index) for index in range(len(self.session.loaders))],
+            S.KEY_DATASET_STATES: [self._dataset_state(index, rewind) for index in range(len(self.session.loaders))],
             S.KEY_GRADS: grads,
+            S.KEY_LAST_BATCH: last_batch,
         }
         if self.dataset_generators:  # (the key is absent where no dataset read in the main process owns a generator)
             rank_state[S.KEY_DATASET_GENERATORS] = [
@@ -221,7 +225,7 @@ class Saver:
             epoch_ended = bool(session.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
             # (handling an exception, nothing waits for the workers: they may be gone, or never have started)
             wait = not _compat.interrupted(trainer)
-            rank_state[S.KEY_WORKERS] = session.workers.state_dict(self._worker_positions(), epoch_ended, wait)
+            rank_state[S.KEY_WORKERS] = session.workers.state_dict(self._worker_positions(rewind), epoch_ended, wait)
         fetcher = self.session.fetcher
         fetched = 0
         if fetcher is not None and fetcher.iterator is not None:
@@ -244,21 +248,47 @@ class Saver:
             S.KEY_LOADERS: [S.loader_facts(loader) for loader in self.session.loaders],
         }
         interrupted = _compat.interrupted(trainer)
-        if not (inside_batch or interrupted or self._inside_epoch_start()):
-            # last: a fetch ahead (see _Session.upcoming_batch) must not change what the rest of the state reads
-            rank_state[S.KEY_NEXT_BATCH] = self._next_batch(fetch_ahead=not stopped)
         own_only = interrupted and not ranks_together
         return Snapshot(facts, rank_state, trainer.global_rank, trainer.world_size, own_only)
 
-    def _next_batch(self, fetch_ahead: bool) -> dict[str, Any] | None:
-        """The fingerprint of the batch a resumed run fetches first, where it is in hand (None: not checked)."""
-        if self.session.verify_batch == "off":
-            return None
-        found, batch = self.session.upcoming_batch(fetch_ahead)
-        return _batch_check.fingerprint(batch) if found else None
+    def _last_batch(self, inside_batch: bool) -> dict[str, Any] | None:
+        """The batch check's entry: the last batch trained, fingerprinted, and the states it was loaded from.
 
-    def _worker_positions(self) -> dict[int, int]:
-        """Per loader with workers: the batches of its current pass a resumed run does not fetch again."""
+        None where a resumed run cannot load that batch again as it does for a checkpoint written inside it: inside
+        a batch (it is loaded again anyway), at an epoch's start or last batch, while handling an exception, where
+        steps pull their own batches or loaders keep their own position, or where the states the batch was loaded
+        from are gone (loaded in the main process before the batch Lightning holds ahead, or before a generator its
+        dataset created on a first sample was found).
+        """
+        session = self.session
+        trainer, fetcher = session.trainer, session.fetcher
+        if session.verify_batch == "off" or inside_batch or _compat.interrupted(trainer) or self._inside_epoch_start():
+            return None
+        if fetcher is None or fetcher.iterator is None or _compat.steps_pull_batches(fetcher):
+            return None
+        if _compat.all_batches_reached(trainer.fit_loop.epoch_loop) or (
+            session.elastic and session.elastic["epoch"] == trainer.current_epoch
+        ):
+            return None
+        if any(S.loader_kind(loader) == S.KIND_STATEFUL or _out_of_order(loader) for loader in session.loaders):
+            return None
+        held = len(_compat.held_batches(fetcher))
+        if held > 1 or (held and any(not getattr(loader, "num_workers", 0) for loader in session.loaders)):
+            return None
+        batch = session.previous_batch if held else session.last_batch
+        at_fetch = self.dataset_generators_at_fetch
+        if batch is None or any(set(at_fetch.get(i, ())) != set(gens) for i, gens in self.dataset_generators.items()):
+            return None
+        entry = {"fingerprint": _batch_check.fingerprint(batch), "rng": self.batch_start.states()}
+        if self.dataset_generators:
+            entry["dataset_generators"] = [at_fetch.get(index) for index in range(len(session.loaders))]
+        return entry
+
+    def _worker_positions(self, rewind: int) -> dict[int, int]:
+        """Per loader with workers: the batches of its current pass a resumed run does not fetch again.
+
+        ``rewind``: the batches before that the resumed run loads again for the batch check.
+        """
         session = self.session
         fetcher = session.fetcher
         batch = session.trainer.fit_loop.epoch_loop.batch_progress.current
@@ -266,7 +296,7 @@ class Saver:
             consumed = fetcher.fetched - len(_compat.held_batches(fetcher)) if fetcher is not None else 0
         else:
             # as the resumed run counts them; written inside a batch, Lightning fetches that batch again
-            consumed = batch.ready - (1 if batch.processed < batch.ready else 0)  # type: ignore[attr-defined]
+            consumed = batch.ready - (1 if batch.processed < batch.ready else 0) - rewind  # type: ignore[attr-defined]
         mode = _compat.combined_mode(session.combined_loader) if session.combined_loader is not None else ""
         positions = {}
         for index in session.workers.loaders:
@@ -316,17 +346,17 @@ class Saver:
             self.session.warned,
         )
 
-    def _dataset_state(self, index: int) -> Any:
+    def _dataset_state(self, index: int, rewind: int) -> Any:
         """An iterable dataset's own position at the first batch a resumed run fetches (before its fetch)."""
         history = self.dataset_history.get(index)
         if history is None:
             return None
-        return self._pending_state(history, self.session.loaders[index].dataset.state_dict)
+        return self._pending_state(history, self.session.loaders[index].dataset.state_dict, rewind)
 
-    def _pending_state(self, history: deque[tuple[int, Any]], current: Any) -> Any:
+    def _pending_state(self, history: deque[tuple[int, Any]], current: Any, rewind: int = 0) -> Any:
         """From a history of states before fetches: the state before the first fetch a resumed run makes again."""
         fetcher = self.session.fetcher
-        pending = len(_compat.held_batches(fetcher))  # fetched ahead, not consumed yet
+        pending = len(_compat.held_batches(fetcher)) + rewind  # fetched ahead, not consumed yet; loaded again
         batch = self.session.trainer.fit_loop.epoch_loop.batch_progress.current
         if batch.processed < batch.ready and not _compat.steps_pull_batches(fetcher):  # type: ignore[attr-defined]
             pending += 1  # written inside a batch: Lightning fetches that batch again
@@ -465,6 +495,11 @@ def _main_process_generators(loader: Any) -> dict[str, Any]:
     if getattr(loader, "num_workers", 0) or getattr(loader, "dataset", None) is None:
         return {}
     return _rng.find_dataset_generators(loader.dataset)
+
+
+def _out_of_order(loader: Any) -> bool:
+    """A loader whose workers hand their batches over as they finish them (no order a resume could continue)."""
+    return bool(getattr(loader, "num_workers", 0)) and getattr(loader, "in_order", True) is False
 
 
 def _saves_dataset_state(loader: Any) -> bool:

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from lightning_midepoch import _compat, _rng, _workers
 from lightning_midepoch import _state as S
 from lightning_midepoch._batch_check import BatchCheck, VerifyBatch
-from lightning_midepoch._fetchers import EXHAUSTED, Ahead, States, _FetchingCombinedLoader, _ResumableDataFetcher
+from lightning_midepoch._fetchers import _FetchingCombinedLoader, _ResumableDataFetcher
 from lightning_midepoch._loops import _ResumableFitLoop, _ResumableTrainingEpochLoop
 from lightning_midepoch._mixin import mix_in, mixed_copy, unmix
 from lightning_midepoch._order import _IndexSamplerRecorder
@@ -62,7 +62,9 @@ class _Session:
         self.trained = False  # the fit loop has set up its data: restores from now on are a tuner's, not a resume
         self.out_of_reach: dict[int, list[str]] = {}  # per loader: where the search for its generators stopped
         self.workers = _workers.WorkerStates()  # the random states inside the train loaders' worker processes
-        self.ahead: Ahead | None = None  # the next batch, fetched at a checkpoint to fingerprint it
+        # the latest two batches fetched from the train loaders in this epoch (the batch check's; see _fetchers)
+        self.last_batch: Any = None
+        self.previous_batch: Any = None
         self.batch_check = BatchCheck(verify_batch, self._report_batch, self._agree)
         # the parts
         self.resumed_pass = ResumedPass(self)  # loaders that keep a position for one pass, or start lazily
@@ -101,7 +103,7 @@ class _Session:
 
     def uninstall(self) -> None:
         """Give the trainer its stock loops and the loaders their own index samplers back."""
-        self.ahead = None
+        self.last_batch = self.previous_batch = None
         self._restore_samplers()
         for obj, original in reversed(self._originals):
             unmix(obj, original)
@@ -252,62 +254,7 @@ class _Session:
         """Warn once per message (rank zero, through Lightning's channel)."""
         _compat.warn(message, self.trainer, self.warned)
 
-    # ------------------------------------------------------------------ the next batch's fingerprint
-    def upcoming_batch(self, fetch_ahead: bool = True) -> tuple[bool, Any]:
-        """The batch the training loop fetches next, if it can be had now without changing the run: ``(found, batch)``.
-
-        Lightning's fetcher holds it where the train loaders have no length (it fetches one ahead to know the epoch's
-        end). Otherwise, with ``fetch_ahead``, it is fetched now and kept for the training loop's next fetch, where
-        that changes nothing the run does. Loaders with workers produce the same batches whenever they are taken (the
-        main process only hands out indices). A loader without workers loads in the main process and draws its
-        augmentation there: its random states are set back after the fetch and moved on by the training loop's fetch
-        (:class:`~lightning_midepoch._fetchers.Ahead`), which is the same run unless something draws between the
-        checkpoint and that fetch, as a validation does: none may follow. Never at an epoch's last batch (the resumed
-        run starts the next epoch), nor where positions are followed at each fetch.
-        """
-        fetcher = self.fetcher
-        if fetcher is None or _compat.all_batches_reached(self.trainer.fit_loop.epoch_loop):
-            return False, None
-        held = _compat.held_batches(fetcher)
-        if held:
-            return True, held[0][0]
-        if self.ahead is None:
-            if not (fetch_ahead and self._may_fetch_ahead()):
-                return False, None
-            states = States(self._fetch_states, self._set_fetch_states)
-            self.ahead = self.combined_loader.fetch_ahead(states)  # type: ignore[union-attr]
-        if self.ahead.result is EXHAUSTED:
-            return False, None
-        return True, self.ahead.result[0]
-
-    def _may_fetch_ahead(self) -> bool:
-        fetcher, combined_loader = self.fetcher, self.combined_loader
-        if fetcher is None or combined_loader is None or fetcher.iterator is None or fetcher.done:
-            return False
-        if self.iterator_held or _compat.steps_pull_batches(fetcher):
-            return False
-        if self.saver.follows_positions or self.resumed_pass.lazy_starts:
-            return False
-        if len(self.loaders) > 1 and _compat.combined_mode(combined_loader) == "max_size_cycle":
-            return False  # a shorter loader may start over inside the fetch
-        if not all(isinstance(loader, DataLoader) for loader in self.loaders):
-            return False
-        in_main = any(loader.num_workers == 0 for loader in self.loaders)
-        return not (in_main and _compat.validation_follows(self.trainer, fetcher))
-
-    def _fetch_states(self) -> dict[str, Any]:
-        """The random states a fetch may draw from in the main process: the process-wide ones, the datasets' own."""
-        generators = self.saver.dataset_generators
-        return {
-            "global": _rng.capture_global(),
-            "datasets": {index: _rng.capture_objects(objects) for index, objects in generators.items()},
-        }
-
-    def _set_fetch_states(self, states: dict[str, Any]) -> None:
-        _rng.restore_global(states["global"])
-        for index, objects in self.saver.dataset_generators.items():
-            _rng.restore_objects(objects, states["datasets"][index])
-
+    # ------------------------------------------------------------------ the batch check
     def _report_batch(self, message: str, fail: bool) -> None:
         if fail:
             raise S.MidEpochResumeError(
@@ -316,7 +263,7 @@ class _Session:
         self.warn(message)
 
     def _agree(self, differs: bool) -> list[bool]:
-        """Every rank's outcome of the resumed batch's check (one collective, which every rank calls)."""
+        """Every rank's outcome of the batch check (one collective, at the resumed epoch's start: every rank is there)."""
         trainer = self.trainer
         if trainer.world_size <= 1:
             return [differs]
@@ -327,8 +274,7 @@ class _Session:
 
     def start_epoch(self) -> None:
         """The train iterator is being created: every recorder's next pass is the epoch's first."""
-        self.ahead = None
-        self.batch_check.iterator_started()
+        self.last_batch = self.previous_batch = None
         self.resumed_pass.epoch_started()
         self.saver.iterator_started()
         self.workers.epoch_started()

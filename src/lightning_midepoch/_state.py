@@ -42,8 +42,10 @@ Layout (version 1)::
                   "after_pass": [...],  # persistent workers at an epoch's end: after all they produced
                   "sample": int} | None],  # (not in 0.2.0) an index the pass loaded (a resumed worker may
                                            # load it once, to create the generators its dataset creates lazily)
-             "next_batch": {"digest": str, "leaves": {str: str}} | None},  # (not in 0.2.0) the fingerprint of
-                                   # the batch a resumed run fetches first, where one was in hand (_batch_check)
+             "last_batch": {"fingerprint": {"digest": str, "leaves": {str: str}},  # (not in 0.2.0) the batch
+                            "rng": {...},   # check (_batch_check): the last batch trained, the states it was loaded
+                            "dataset_generators": [dict | None]} | None},  # from; the data positions above are
+                                   # then those before it (a resumed run loads it again, compares it and drops it)
         ],
     }
 """
@@ -89,7 +91,7 @@ KEY_DATASET_GENERATORS = "dataset_generators"
 KEY_GRADS = "grads"
 KEY_ELASTIC = "elastic"
 KEY_WORKERS = "workers"
-KEY_NEXT_BATCH = "next_batch"
+KEY_LAST_BATCH = "last_batch"
 
 KIND_MAP = "map"
 KIND_ITERABLE = "iterable"

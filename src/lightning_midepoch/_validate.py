@@ -465,9 +465,16 @@ _WORKERS = Record(
     workers=List(_WORKER, what="one per worker"),
 )
 
-#: The fingerprint of the batch a resumed run fetches first (``_batch_check.fingerprint``).
-_NEXT_BATCH = Record(
-    "a batch's fingerprint", digest=Str(), leaves=DictOf(Str(), what="a description of each part of the batch")
+#: The batch check's entry (``_saving.Saver._last_batch``): a batch's fingerprint, the states it was loaded from.
+_LAST_BATCH = Record(
+    "the batch check's entry",
+    optional={
+        S.KEY_DATASET_GENERATORS: List(Optional(_OBJECTS), what="one dict of generator states or None per loader")
+    },
+    fingerprint=Record(
+        "a batch's fingerprint", digest=Str(), leaves=DictOf(Str(), what="a description of each part of the batch")
+    ),
+    rng=_GLOBAL,
 )
 #: One rank's states; ``None`` for a rank whose states could not be gathered.
 _RANK = Optional(
@@ -478,7 +485,7 @@ _RANK = Optional(
             S.KEY_DATASET_GENERATORS: List(
                 Optional(_OBJECTS), what="one dict of generator states or None per train dataloader"
             ),
-            S.KEY_NEXT_BATCH: Optional(_NEXT_BATCH),
+            S.KEY_LAST_BATCH: Optional(_LAST_BATCH),
         },
         rng=_GLOBAL,
         passes=List(Optional(_PASS), what="one pass record or None per train dataloader"),

@@ -301,7 +301,8 @@ def test_a_generator_at_module_level_is_caught_before_the_resumed_run_trains_on_
     config = Config(augment=True, num_workers=num_workers, max_epochs=1, pipeline="module")
     assert run(config, tmp_path / "interrupted", crash=MID).crashed
     models: list[Any] = []
-    with pytest.raises(MidEpochResumeError, match=r"batch_idx 4 of epoch 0, loaded again by the resumed run, differs") as raised:
+    differs = r"batch_idx 4 of epoch 0, loaded again by the resumed run, differs"
+    with pytest.raises(MidEpochResumeError, match=differs) as raised:
         _resume(config, tmp_path, "raise", models, "strict")
     assert "(differing: [1])" in str(raised.value)  # the inputs; the ids and targets are the same
     assert models[0].seen == []  # raised before the model trained on it

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
@@ -128,5 +127,6 @@ def test_a_run_that_is_never_interrupted_draws_what_stock_draws(tmp_path):
     """No workers, augmentation from torch and numpy, a module hook drawing after the checkpoint: the same run."""
     stock = _Run(tmp_path / "stock", _Samples(12), callback=False, shuffle=True, max_epochs=2)
     ours = _Run(tmp_path / "ours", _Samples(12), callback=True, shuffle=True, max_epochs=2)
-    assert len(stock.module.drawn) == 12 and len(stock.files) == 12
+    assert len(stock.module.drawn) == 12
+    assert len(stock.files) == 12
     ours.assert_same_as(stock)

@@ -8,8 +8,8 @@ from lightning_midepoch._fetchers import _FetchingCombinedLoader
 from lightning_midepoch._mixin import mix_in, unmix
 
 
-class _NotArmed:
-    armed = False
+class _NothingToLoadAgain:
+    pending = None
 
 
 class _Session:
@@ -18,12 +18,8 @@ class _Session:
     def __init__(self) -> None:
         self.fetching = False
         self.events: list[str] = []
-        self.ahead = None  # a batch fetched ahead at a checkpoint (none here)
-        self.batch_check = _NotArmed()
-        self.warnings: list[str] = []
-
-    def warn(self, message: str) -> None:
-        self.warnings.append(message)
+        self.batch_check = _NothingToLoadAgain()  # (no resume here: no batch to load again for the batch check)
+        self.last_batch = self.previous_batch = None
 
     def before_fetch(self) -> None:
         self.events.append("before")

@@ -279,7 +279,7 @@ class Saver:
         at_fetch = self.dataset_generators_at_fetch
         if batch is None or any(set(at_fetch.get(i, ())) != set(gens) for i, gens in self.dataset_generators.items()):
             return None
-        entry = {"fingerprint": _batch_check.fingerprint(batch), "rng": self.batch_start.states()}
+        entry: dict[str, Any] = {"fingerprint": _batch_check.fingerprint(batch), "rng": self.batch_start.states()}
         if self.dataset_generators:
             entry["dataset_generators"] = [at_fetch.get(index) for index in range(len(session.loaders))]
         return entry

@@ -263,7 +263,7 @@ class _Session:
         self.warn(message)
 
     def _agree(self, differs: bool) -> list[bool]:
-        """Every rank's outcome of the batch check (one collective, at the resumed epoch's start: every rank is there)."""
+        """Every rank's outcome of the batch check (one collective, at the resumed epoch's start: all reach it)."""
         trainer = self.trainer
         if trainer.world_size <= 1:
             return [differs]

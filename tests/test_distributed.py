@@ -225,8 +225,8 @@ def test_elastic_resume_trains_every_remaining_sample_once(saved_on, resumed_on,
         assert indices == list(range(batches_per_rank - len(indices), batches_per_rank))
     # later epochs follow the new world size's normal order: a full epoch each
     assert _epoch_samples(resumed, epoch + 1) == Counter(range(DATASET))
-    # each rank loads other batches than before, by design: the fingerprint of the next batch is not compared
-    skipped = "the checkpoint's fingerprint of the next batch is not compared"
+    # each rank loads other batches than before, by design: the fingerprint of the last batch trained is not compared
+    skipped = "the checkpoint's fingerprint of its last batch is not compared"
     fingerprinted = crash[1] < batches_per_rank_saved(saved_on) - 1  # (none at an epoch's last batch)
     assert any(skipped in message for message in resumed[0]["warnings"]) == fingerprinted
 
@@ -249,7 +249,7 @@ def test_a_batch_that_differs_on_one_rank_stops_every_rank(tmp_path):
     reports = [torch.load(path, weights_only=False) for path in sorted(out.glob("rank*.pt"))]
     assert reports[0]["world_size"] == 2
     for report in reports:
-        assert "The resumed run's first batch, batch_idx 3 of epoch 0, differs" in report["error"]
+        assert "batch_idx 2 of epoch 0, loaded again by the resumed run, differs" in report["error"]
         assert "on rank(s) 1" in report["error"]
         assert report["seen"] == []
 

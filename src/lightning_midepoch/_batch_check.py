@@ -27,7 +27,7 @@ import torch
 
 from lightning_midepoch import _rng
 
-#: What the resumed run does when its first batch differs from the checkpoint's fingerprint.
+#: What the resumed run does when the batch it loads again differs from the checkpoint's fingerprint.
 VerifyBatch = Literal["warn", "raise", "off"]
 #: Leaves described one by one in a fingerprint (a batch with more is compared beyond them by its digest alone).
 LEAVES = 64

@@ -215,7 +215,7 @@ def check_supported(trainer: Trainer) -> str:
     * A release outside the supported range, or one that changed a method the overrides rely on
       (:data:`CHECKED_METHODS`), runs with a warning naming what differs (an informational message instead with
       ``LIGHTNING_MIDEPOCH_UNVERIFIED=1``, for a user who has read it): the overrides call the release's own code, and
-      a resume whose first batch differs from the checkpoint's fingerprint of it is still warned before training.
+      a resume whose batch check fails (the last batch trained, loaded again, differs) is still warned before training.
     * A trainer or torch that lacks a private name the overrides use cannot run them at all: the reason is returned,
       and the callback steps aside for that fit (Lightning resumes as it does without it).
 
@@ -239,8 +239,8 @@ def check_supported(trainer: Trainer) -> str:
     if problem:
         message = (
             f"{problem} MidEpochResume runs anyway, calling that release's code; its resumes are not checked there"
-            " (a resume whose first batch differs from the checkpoint's fingerprint of it is still warned before"
-            f" training). To be safe, install a checked release (`pip install '{package}{SUPPORTED_RANGE}'`,"
+            " (a resume whose last batch trained, loaded again, differs from the checkpoint's fingerprint of it is still"
+            f" warned before training). To be safe, install a checked release (`pip install '{package}{SUPPORTED_RANGE}'`,"
             f" {_fingerprints.CHECKED})."
         )
         if os.environ.get(UNVERIFIED_ENV) == "1":

@@ -73,13 +73,14 @@ class MidEpochResume(_CallbackBase):
             was written. ``"raise"`` (default) stops with a :class:`~lightning_midepoch.MidEpochResumeError` saying
             what differs (or which field is damaged); ``"restart_epoch"`` warns and continues the interrupted epoch
             from a freshly started order, as stock Lightning does (a damaged state is then set aside entirely).
-        verify_batch: What to do when the first batch a resumed run fetches differs from the batch the checkpoint
-            was written before (the checkpoint carries its fingerprint, where one was in hand: see the guide's
-            "A resume that checks itself"). The batch differs when randomness outside the callback's reach shaped
-            it (a generator at module level), or the dataset or its transforms changed. ``"warn"`` (default) warns
-            before the resumed run trains on it, naming the batch and the differing parts; ``"raise"`` stops with a
-            :class:`~lightning_midepoch.MidEpochResumeError` instead; ``"off"`` neither saves fingerprints nor
-            compares them.
+        verify_batch: What to do when the last batch trained before the checkpoint, which a resumed run loads again
+            at its start, differs from the batch the checkpoint's run trained on (the checkpoint carries its
+            fingerprint where it can be loaded again as it was: see the docs' page "Data pipelines", section "A
+            resume that checks itself"). The batch differs when randomness outside the callback's reach shaped it
+            (a generator at module level), or the dataset or its transforms changed. ``"warn"`` (default) warns
+            before the resumed run trains, naming the batch and the differing parts; ``"raise"`` stops with a
+            :class:`~lightning_midepoch.MidEpochResumeError` instead; ``"off"`` saves no fingerprints (and compares
+            none).
 
     Example:
         >>> import lightning as L

@@ -279,7 +279,9 @@ class Saver:
         at_fetch = self.dataset_generators_at_fetch
         if batch is None or any(set(at_fetch.get(i, ())) != set(gens) for i, gens in self.dataset_generators.items()):
             return None
-        entry: dict[str, Any] = {"fingerprint": _batch_check.fingerprint(batch), "rng": self.batch_start.states()}
+        # (the CPU generators a batch is loaded from: the isolation around loading it again leaves CUDA's alone)
+        rng = {kind: state for kind, state in self.batch_start.states().items() if kind != "cuda"}
+        entry: dict[str, Any] = {"fingerprint": _batch_check.fingerprint(batch), "rng": rng}
         if self.dataset_generators:
             entry["dataset_generators"] = [at_fetch.get(index) for index in range(len(session.loaders))]
         return entry

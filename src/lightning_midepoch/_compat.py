@@ -239,9 +239,9 @@ def check_supported(trainer: Trainer) -> str:
     if problem:
         message = (
             f"{problem} MidEpochResume runs anyway, calling that release's code; its resumes are not checked there"
-            " (a resume whose last batch trained, loaded again, differs from the checkpoint's fingerprint of it is still"
-            f" warned before training). To be safe, install a checked release (`pip install '{package}{SUPPORTED_RANGE}'`,"
-            f" {_fingerprints.CHECKED})."
+            " (a resume whose last batch trained, loaded again, differs from the checkpoint's fingerprint of it is"
+            " still warned before training). To be safe, install a checked release (`pip install"
+            f" '{package}{SUPPORTED_RANGE}'`, {_fingerprints.CHECKED})."
         )
         if os.environ.get(UNVERIFIED_ENV) == "1":
             info(f"{message} ({UNVERIFIED_ENV}=1: said once, as information.)", trainer)

@@ -256,9 +256,10 @@ class Saver:
 
         None where a resumed run cannot load that batch again as it does for a checkpoint written inside it: inside
         a batch (it is loaded again anyway), at an epoch's start or last batch, while handling an exception, where
-        steps pull their own batches or loaders keep their own position, or where the states the batch was loaded
-        from are gone (loaded in the main process before the batch Lightning holds ahead, or before a generator its
-        dataset created on a first sample was found).
+        steps pull their own batches, loaders keep their own position or are left to Lightning (their positions are
+        Lightning's to restore), where workers hand batches over out of order, or where the states the batch was
+        loaded from are gone (loaded in the main process before the batch Lightning holds ahead, or before a
+        generator its dataset created on a first sample was found).
         """
         session = self.session
         trainer, fetcher = session.trainer, session.fetcher
@@ -270,7 +271,8 @@ class Saver:
             session.elastic and session.elastic["epoch"] == trainer.current_epoch
         ):
             return None
-        if any(S.loader_kind(loader) == S.KIND_STATEFUL or _out_of_order(loader) for loader in session.loaders):
+        kinds = [S.loader_kind(loader) for loader in session.loaders]
+        if S.KIND_STATEFUL in kinds or S.KIND_FOREIGN in kinds or any(map(_out_of_order, session.loaders)):
             return None
         held = len(_compat.held_batches(fetcher))
         if held > 1 or (held and any(not getattr(loader, "num_workers", 0) for loader in session.loaders)):

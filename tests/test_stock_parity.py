@@ -271,3 +271,19 @@ def test_a_plateau_scheduler_is_stepped_at_the_end_of_the_resumed_epoch(tmp_path
     stock = interrupt_and_resume(config, MID, tmp_path / "stock", callback=False)
     plateau = stock.resumed.trainer.lr_scheduler_configs[0].scheduler
     assert plateau.last_epoch < comparison.full.trainer.lr_scheduler_configs[0].scheduler.last_epoch
+
+
+def test_a_plateau_scheduler_without_a_validation_after_the_restore_is_warned_before_the_next_epoch(tmp_path):
+    """Nine batches, validated after batches 3 and 7: resumed after batch 8, no validation gives the plateau its metric
+    at the epoch's end (stock Lightning skips that step too, silently); the learning rate of the next epoch differs."""
+    config = Config(max_epochs=2, dataset_size=18, validation=True, val_check_interval=0.5, model_class=PlateauModel)
+    crash = CrashPoint("train_batch_end", epoch=0, batch=8)
+    stock, stock_warned = resumed(config, crash, tmp_path / "stock", callback=False)
+    assert not [message for message in stock_warned if "ReduceLROnPlateau" in message]
+    ours, warned = resumed(config, crash, tmp_path / "callback", callback=True)
+    assert any("A ReduceLROnPlateau scheduler is not stepped at the end of the epoch" in m for m in warned)
+    full = uninterrupted(config, tmp_path / "full")
+    assert ours.seen == full.seen[len(full.seen) - len(ours.seen) :]  # the batches are still exact
+    schedulers = [run.trainer.lr_scheduler_configs[0].scheduler for run in (stock, ours, full)]
+    # one step fewer than the uninterrupted run (stock Lightning, rolling over the epoch's end, misses more)
+    assert schedulers[0].last_epoch <= schedulers[1].last_epoch == schedulers[2].last_epoch - 1

@@ -139,7 +139,17 @@ class _ResumableFitLoop(_FitLoopBase):
     @override
     def on_advance_end(self) -> None:
         self._midepoch.saver.epoch_loop_ended()
-        if not (self.restarting and self._midepoch.resuming and self._midepoch_plateau_metrics_fresh()):
+        session = self._midepoch
+        resumed_epoch_ends = self.restarting and session.resuming and _compat.all_batches_reached(self.epoch_loop)
+        if not (resumed_epoch_ends and self._midepoch_plateau_metrics_fresh()):
+            if resumed_epoch_ends and self._midepoch_plateau_monitors():
+                session.warn(
+                    "A ReduceLROnPlateau scheduler is not stepped at the end of the epoch this run resumed into (stock"
+                    " Lightning skips that step on a restart), because no validation ran after the restore to give it"
+                    " the metric it monitors, where the uninterrupted run stepped it here: from the next epoch on, the"
+                    " learning rate may differ from the uninterrupted run's. A checkpoint written before the"
+                    " epoch's last validation (or at an epoch's end) resumes exactly."
+                )
             super().on_advance_end()
             return
         # Stock Lightning steps no epoch-interval scheduler at the end of the epoch it resumed into, because the
@@ -151,9 +161,14 @@ class _ResumableFitLoop(_FitLoopBase):
         finally:
             self._restarting = True
 
+    def _midepoch_plateau_monitors(self) -> list[str]:
+        """What the trainer's ReduceLROnPlateau schedulers stepped at an epoch's end monitor."""
+        configs = self.trainer.lr_scheduler_configs
+        return [str(c.monitor) for c in configs if c.reduce_on_plateau and c.interval == "epoch"]
+
     def _midepoch_plateau_metrics_fresh(self) -> bool:
         """Whether a validation ran since the restore and every ReduceLROnPlateau's metric is at hand."""
-        monitors = [config.monitor for config in self.trainer.lr_scheduler_configs if config.reduce_on_plateau]
+        monitors = self._midepoch_plateau_monitors()
         metrics = self.trainer.callback_metrics
         return self._midepoch.validated_since_resume and bool(monitors) and all(m in metrics for m in monitors)
 

@@ -19,8 +19,6 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler
 
 FOLLOWS = "WeightedRandomSampler for class imbalance + ReduceLROnPlateau + EarlyStopping + ModelCheckpoint"
-#: fails on main until the package fixes it (never in `make test`'s sample; `make corpus` runs it)
-PENDING = "corpus-findings.md 5: from an epoch's last batch, ReduceLROnPlateau still misses a step, no warning"
 
 
 def imbalanced(size: int, seed: int) -> TensorDataset:

@@ -158,18 +158,20 @@ corpus: venv  ## every corpus project (tests/corpus): transparency and three res
 	exit $$rc
 
 # `make chaos CHAOS_SEED=123` repeats a run. CHAOS_DELIVERIES signals in all with the callback (CHAOS_DDP of them to
-# 2-rank jobs, by timers), spread over the flows of tests/chaos.py, plus a stock control without it; about 25 minutes
+# 2-rank jobs, by timers), spread over the flows of tests/chaos.py, plus a stock control without it, and
+# CHAOS_UNINTERRUPTED 2-rank SLURM jobs nobody signals (every task must exit 0); about 27 minutes
 ifndef CHAOS_SEED
 CHAOS_SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
 CHAOS_DELIVERIES ?= 300
 CHAOS_DDP ?= 24
+CHAOS_UNINTERRUPTED ?= 10
 CHAOS_OUT ?= chaos-output
 
 chaos: venv  ## pre-emption: signals delivered at CHAOS_DELIVERIES moments of fits, every resume compared (seed printed)
 	rm -rf $(CHAOS_OUT)
 	$(BIN)/python tests/chaos.py --deliveries $(CHAOS_DELIVERIES) --ddp $(CHAOS_DDP) --stock 16 --ddp-stock 4 \
-		--seed $(CHAOS_SEED) --out $(CHAOS_OUT)
+		--uninterrupted $(CHAOS_UNINTERRUPTED) --seed $(CHAOS_SEED) --out $(CHAOS_OUT)
 
 # `make fuzz FUZZ_SEED=123` repeats a run; `FUZZ_EXAMPLES=200` runs fewer examples
 ifndef FUZZ_SEED

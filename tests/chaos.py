@@ -148,9 +148,8 @@ class Trigger:
         if self.record and any(part in frame.f_code.co_filename.replace(os.sep, "/") for part in self.record):
             self.recorded.append(self.lines)
         if self.at < 0:  # the probe: where a delivery finds a handler (before Lightning's, the signal kills)
-            if _deferred(signal.getsignal(self.signum)) or (
-                not self.callback and callable(signal.getsignal(self.signum))
-            ):
+            handler = signal.getsignal(self.signum)
+            if _deferred(handler) or (callable(handler) and (not self.callback or _lightnings(handler))):
                 if self.handled:
                     self.handled[1] = self.lines
                 else:
@@ -202,6 +201,11 @@ def _deferred(handler: object) -> bool:
     return type(getattr(handler, "__self__", None)).__name__ == "SignalDeferral"
 
 
+def _lightnings(handler: object) -> bool:
+    """Lightning's own handler (its SIGTERM notifier, not deferred in one process): from its registration on."""
+    return type(handler).__name__ == "_HandlersCompose"
+
+
 #: what the main thread is doing, by a function on its stack (innermost first) and the file it is in: the buckets
 #: of the histogram of where signals land
 ACTIVITIES = (
@@ -231,10 +235,10 @@ def where(frame: FrameType) -> str:
 
 
 def fake_scontrol(folder: Path) -> Path:
-    """An ``scontrol`` for the PATH: ``scontrol requeue JOB`` writes ``$CHAOS_JOB_DIR/requeued`` and succeeds."""
+    """An ``scontrol`` for the PATH: ``scontrol requeue JOB`` adds a line to ``$CHAOS_JOB_DIR/requeued``; succeeds."""
     folder.mkdir(parents=True, exist_ok=True)
     script = folder / "scontrol"
-    script.write_text('#!/bin/sh\necho "$@" > "$CHAOS_JOB_DIR/requeued"\n')
+    script.write_text('#!/bin/sh\necho "$@" >> "$CHAOS_JOB_DIR/requeued"\n')  # (one line per requeue)
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return folder
 
@@ -247,7 +251,9 @@ class Job:
 
 
 def _trainer(config: Config, flow: Flow, job_dir: Path, callback: bool, extra: list[Any]) -> L.Trainer:
-    callbacks: list[Any] = ([MidEpochResume()] if callback else []) + extra
+    # the user's handler writes a checkpoint: declared, so that it runs at consistent points
+    declared = (flow.signum,) if flow.name == "user" else ()
+    callbacks: list[Any] = ([MidEpochResume(checkpoint_signals=declared)] if callback else []) + extra
     plugins = []
     if flow.name.startswith("slurm"):
         plugins.append(SLURMEnvironment(auto_requeue=True, requeue_signal=signal.Signals(flow.signum)))
@@ -391,6 +397,8 @@ def deliver(config: Config, flow: Flow, at: int, job_dir: Path, full: RunResult,
         return Outcome(flow.name, at, landed, None, not why, why)
     if source is None:
         return Outcome(flow.name, at, landed, None, False, f"no checkpoint written (job {first.ended})")
+    if (served := _served_twice(job_dir)) is not None:
+        return Outcome(flow.name, at, landed, source.name, False, served)
     trained = int(torch.load(source, weights_only=False, map_location="cpu")["chaos_trained"])
     before = first.result.model.seen[:trained] if first.result is not None else []
     second = run_job(config, flow, job_dir, callback=callback, ckpt_path=ckpt_path if ckpt_path else None, seed=2)
@@ -404,6 +412,16 @@ def deliver(config: Config, flow: Flow, at: int, job_dir: Path, full: RunResult,
         except AssertionError as error:
             why = f"state differs: {error}"
     return Outcome(flow.name, at, landed, source.name, not why, why)
+
+
+def _served_twice(job_dir: Path) -> str | None:
+    """What shows that the signal of one delivery was served twice: a second requeue, a second hpc checkpoint."""
+    requeued = job_dir / "requeued"
+    requeues = len(requeued.read_text().splitlines()) if requeued.exists() else 0
+    hpc = len(list(job_dir.glob("hpc_ckpt_*.ckpt")))
+    if requeues > 1 or hpc > 1:
+        return f"served twice: {requeues} requeues, {hpc} hpc checkpoints"
+    return None
 
 
 def uninterrupted(config: Config, flow: Flow, job_dir: Path, *, callback: bool = True) -> RunResult:
@@ -436,6 +454,22 @@ def slurm_step(
     resume: Path | None = None,
 ) -> str:
     """Run one attempt of a 2-task SLURM job step (``tests/slurm_job.py`` per task): "done" or "hang"."""
+    codes = slurm_step_codes(job_dir, attempt, signal_after, stock=stock, timeout=timeout, flow=flow, resume=resume)
+    return "hang" if None in codes else "done"
+
+
+def slurm_step_codes(
+    job_dir: Path,
+    attempt: int,
+    signal_after: list[float | None] | None,
+    *,
+    stock: bool = False,
+    timeout: float = 240,
+    flow: str = "slurm",
+    resume: Path | None = None,
+    extra: tuple[str, ...] = (),
+) -> list[int | None]:
+    """:func:`slurm_step`, returning each task's exit code (None: it hung and was killed)."""
     import subprocess
 
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -467,21 +501,22 @@ def slurm_step(
         command += ["--flow", flow, *(["--resume", str(resume)] if resume is not None else [])]
         if stock:
             command.append("--stock")
+        command += list(extra)
         log = open(job_dir / f"rank{rank}-{attempt}.log", "w")  # noqa: SIM115 - closed with the process
         processes.append((subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     deadline = time.monotonic() + timeout
-    outcome = "done"
+    codes: list[int | None] = []
     for process, _ in processes:
         try:
-            process.wait(timeout=max(deadline - time.monotonic(), 1))
+            codes.append(process.wait(timeout=max(deadline - time.monotonic(), 1)))
         except subprocess.TimeoutExpired:
-            outcome = "hang"
+            codes.append(None)
     for process, log in processes:
         if process.poll() is None:
             process.kill()
             process.wait()
         log.close()
-    return outcome
+    return codes
 
 
 def _config_json(config: Config) -> str:
@@ -531,6 +566,8 @@ def _deliver_ddp(
             for first, full in zip(firsts, fulls, strict=True)
         )
         return Outcome("ddp", 0, label, None, same, "" if same else "signalled after training, yet the run differs")
+    if (served := _served_twice(job_dir)) is not None:
+        return Outcome("ddp", 0, label, source.name, False, served)
     trained = int(torch.load(source, weights_only=False, map_location="cpu")["chaos_trained"])
     resume = source if flow_name == "sigterm" else None
     if slurm_step(job_dir, 1, None, stock=stock, flow=flow_name, resume=resume, timeout=timeout) == "hang":
@@ -582,6 +619,9 @@ def main() -> None:
     parser.add_argument("--stock", type=int, default=0, help="deliveries without the callback (the stock control)")
     parser.add_argument("--ddp", type=int, default=0, help="of --deliveries: 2-rank SLURM jobs, signalled by timers")
     parser.add_argument("--ddp-stock", type=int, default=0, help="2-rank SLURM jobs without the callback")
+    parser.add_argument(
+        "--uninterrupted", type=int, default=0, help="2-rank SLURM jobs never signalled: each task must exit 0"
+    )
     parser.add_argument("--out", default="chaos-output")
     args = parser.parse_args()
     for name in ("lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric"):
@@ -627,9 +667,24 @@ def main() -> None:
             label = f"{flow_name} ddp{' STOCK' if stock else ''}"
             outcomes.append((label, outcome))
             _report(f"[ddp {index + 1}/{args.ddp + args.ddp_stock}] {label} {outcome.landed}", outcome)
+    clean = _uninterrupted_jobs(out, args.uninterrupted)
     _summary(outcomes, time.monotonic() - started)
     ours = [outcome for label, outcome in outcomes if "STOCK" not in label]
-    sys.exit(0 if all(outcome.exact for outcome in ours) else 1)
+    sys.exit(0 if clean and all(outcome.exact for outcome in ours) else 1)
+
+
+def _uninterrupted_jobs(out: Path, jobs: int) -> bool:
+    """Run ``jobs`` 2-rank SLURM jobs that nobody signals, with the callback: whether every task exited 0."""
+    failed = 0
+    for index in range(jobs):
+        job_dir = out / f"uninterrupted{index}"
+        codes = slurm_step_codes(job_dir, 0, None)
+        note = "" if codes == [0, 0] else f"\n{_log_tails(job_dir)}"
+        failed += codes != [0, 0]
+        print(f"[uninterrupted {index + 1}/{jobs}] exit codes of the 2 tasks: {codes}{note}", flush=True)
+    if jobs:
+        print(f"uninterrupted 2-rank jobs: {jobs - failed} of {jobs} exited 0 on every rank", flush=True)
+    return failed == 0
 
 
 def _report(delivery: str, outcome: Outcome) -> None:

@@ -32,10 +32,7 @@ import torch
 
 from chaos import SLURMEnvironment, _SaveCounter
 from harness import Config, L, Model, OnExceptionCheckpoint
-from lightning_midepoch import MidEpochResume, _preemption
-
-# this job trains for well under a second: the ranks compare their signals every few steps, not once a second
-_preemption.AGREEMENT_PERIOD_S = 0.02
+from lightning_midepoch import MidEpochResume
 
 TRAINING = threading.Event()
 SIGNALLED: list[float] = []  # when the scheduler sent SLURM's signal
@@ -56,6 +53,17 @@ class Paced(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.ended = time.monotonic()
+
+
+class RaiseOnOneRank(L.Callback):
+    """Rank ``rank`` raises at the end of training step ``step`` (a user's error on one rank)."""
+
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank, self.step = rank, step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            raise RuntimeError(f"a user's error on rank {self.rank}")
 
 
 def scheduler(job_dir: Path, signal_after: float, kill_wait: float, signum: int) -> None:
@@ -82,6 +90,7 @@ def main() -> None:
     parser.add_argument("--config", default="{}")
     parser.add_argument("--flow", default="slurm", choices=["slurm", "sigterm"], help="sigterm: OnExceptionCheckpoint")
     parser.add_argument("--resume", help="ckpt_path (the slurm flow's requeued job passes none)")
+    parser.add_argument("--raise-on", type=int, nargs=2, metavar=("RANK", "STEP"), help="a user's error on one rank")
     args = parser.parse_args()
     job_dir = Path(args.job_dir)
     rank = int(os.environ["SLURM_PROCID"])
@@ -95,6 +104,8 @@ def main() -> None:
     callbacks = [paced, *([] if args.stock else [MidEpochResume()]), _SaveCounter()]
     if args.flow == "sigterm":
         callbacks.append(OnExceptionCheckpoint(dirpath=job_dir))
+    if args.raise_on is not None:
+        callbacks.append(RaiseOnOneRank(*args.raise_on))
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,

@@ -6,22 +6,24 @@ The Trainer-level cases deliver the signal at a counted line of the main thread 
 
 from __future__ import annotations
 
+import importlib
 import os
 import random
 import signal
 import tempfile
 import threading
-import time
 from dataclasses import replace
 
 import pytest
 import torch
 
 import chaos
-from harness import L
+from harness import NAMESPACE, L
 from lightning_midepoch import MidEpochResume
 from lightning_midepoch._inspect import InspectError, load_checkpoint
-from lightning_midepoch._preemption import Agreement, SignalDeferral, candidate_signals, temporary_files_in
+from lightning_midepoch._preemption import SignalDeferral, candidate_signals, checkpointing_handler, writes_beside
+
+SIGTERMException = importlib.import_module(f"{NAMESPACE}.utilities.exceptions").SIGTERMException
 
 #: the seed of this run's sample of deliveries (``MIDEPOCH_CHAOS_SEED=S make test`` repeats one)
 SEED = int(os.environ.get("MIDEPOCH_CHAOS_SEED", random.SystemRandom().randrange(2**31)))
@@ -29,25 +31,43 @@ SEED = int(os.environ.get("MIDEPOCH_CHAOS_SEED", random.SystemRandom().randrange
 
 @pytest.fixture
 def usr2():
-    """SIGUSR2 with a handler that records its calls (the process's own handler is put back after the test)."""
+    """SIGUSR2 with a handler that records its calls and frames (the process's own handler is put back after)."""
     calls: list[int] = []
-    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: calls.append(signum))
-    yield calls
+    frames: list[object] = []
+
+    def handler(signum, frame):
+        calls.append(signum)
+        frames.append(frame)
+
+    previous = signal.signal(signal.SIGUSR2, handler)
+    calls_and_frames = (calls, frames)
+    yield calls_and_frames
     signal.signal(signal.SIGUSR2, previous)
 
 
-def test_a_deferred_signal_runs_its_handler_only_when_served(usr2):
-    deferral = SignalDeferral((signal.SIGUSR2,))
-    deferral.install()
+def _deferral_of(signum: int) -> SignalDeferral:
+    deferral = SignalDeferral()
+    deferral.install({signum: signal.getsignal(signum)})
+    return deferral
+
+
+def test_a_deferred_signal_runs_its_handler_only_when_served_with_the_frame_it_arrived_in(usr2):
+    calls, frames = usr2
+    deferral = _deferral_of(signal.SIGUSR2)
     signal.raise_signal(signal.SIGUSR2)
     signal.raise_signal(signal.SIGUSR2)  # a repeat before the point: one request
-    assert usr2 == []
+    assert calls == []
     assert deferral.serve() is True
-    assert usr2 == [signal.SIGUSR2]
+    assert calls == [signal.SIGUSR2]
+    assert frames[0] is not None
+    assert (
+        frames[0].f_code.co_name
+        == "test_a_deferred_signal_runs_its_handler_only_when_served_with_the_frame_it_arrived_in"
+    )
     assert deferral.serve() is False  # nothing pending
     deferral.uninstall()
     signal.raise_signal(signal.SIGUSR2)  # the handler is back
-    assert usr2 == [signal.SIGUSR2, signal.SIGUSR2]
+    assert calls == [signal.SIGUSR2, signal.SIGUSR2]
 
 
 def test_a_repeat_while_its_handler_runs_is_coalesced_and_another_signal_waits():
@@ -61,12 +81,12 @@ def test_a_repeat_while_its_handler_runs_is_coalesced_and_another_signal_waits()
 
     previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGUSR1, signal.SIGUSR2)}
     try:
-        deferral = SignalDeferral((signal.SIGUSR1, signal.SIGUSR2))
-        deferral.install()
+        deferral = SignalDeferral()
+        deferral.install({signum: handler for signum in (signal.SIGUSR1, signal.SIGUSR2)})
         signal.raise_signal(signal.SIGUSR2)
         deferral.serve()
         assert calls == [signal.SIGUSR2]
-        assert deferral.pending == [signal.SIGUSR1]
+        assert deferral.pending_signals() == [signal.SIGUSR1]
         deferral.serve()
         assert calls == [signal.SIGUSR2, signal.SIGUSR1]
         assert deferral.received == 3
@@ -77,98 +97,145 @@ def test_a_repeat_while_its_handler_runs_is_coalesced_and_another_signal_waits()
 
 
 @pytest.mark.parametrize("handler", [signal.SIG_DFL, signal.SIG_IGN, signal.default_int_handler], ids=repr)
-def test_the_default_action_ignoring_and_ctrl_c_are_left_alone(handler):
-    previous = signal.signal(signal.SIGUSR2, handler)
+def test_the_default_action_ignoring_and_ctrl_c_never_count_as_checkpointing(handler):
+    assert not checkpointing_handler(handler, object(), declared=True, ranks_exchange=True)
+
+
+def test_a_users_handler_checkpoints_only_where_its_signal_is_declared():
+    connector = L.Trainer(logger=False)._signal_connector
+
+    def dump_stacks(signum, frame):
+        pass
+
+    assert not checkpointing_handler(dump_stacks, connector, declared=False, ranks_exchange=True)
+    assert checkpointing_handler(dump_stacks, connector, declared=True, ranks_exchange=False)
+
+
+def test_lightnings_slurm_handler_checkpoints_and_its_sigterm_notifier_only_exchanges_under_ddp(slurm_job):
+    trainer = L.Trainer(logger=False, plugins=[chaos.SLURMEnvironment(auto_requeue=True)])
+    connector = trainer._signal_connector
+    connector.register_signal_handlers()
     try:
-        deferral = SignalDeferral((signal.SIGUSR2,))
-        deferral.install()
-        assert not deferral.installed
-        assert signal.getsignal(signal.SIGUSR2) == handler
+        requeue, sigterm = signal.getsignal(signal.SIGUSR1), signal.getsignal(signal.SIGTERM)
+        assert checkpointing_handler(requeue, connector, declared=False, ranks_exchange=False)
+        assert not checkpointing_handler(sigterm, connector, declared=False, ranks_exchange=False)
+        assert checkpointing_handler(sigterm, connector, declared=False, ranks_exchange=True)
     finally:
-        signal.signal(signal.SIGUSR2, previous)
+        connector.teardown()
 
 
 def test_uninstall_leaves_a_handler_set_since_alone(usr2):
-    deferral = SignalDeferral((signal.SIGUSR2,))
-    deferral.install()
+    deferral = _deferral_of(signal.SIGUSR2)
     replacement = lambda signum, frame: None  # noqa: E731
     signal.signal(signal.SIGUSR2, replacement)
     deferral.uninstall()
     assert signal.getsignal(signal.SIGUSR2) is replacement
 
 
-def test_the_ranks_agreement_decides_what_is_served(usr2):
-    deferral = SignalDeferral((signal.SIGUSR1, signal.SIGUSR2))
-    deferral.install()
-    # another rank received SIGUSR2: this one serves it too, at the same point
-    assert deferral.serve(agree=lambda pending: [*pending, int(signal.SIGUSR2)]) is True
-    assert usr2 == [signal.SIGUSR2]
+def test_a_signal_every_rank_agreed_on_is_served_once_and_this_ranks_own_late_delivery_is_absorbed(usr2):
+    calls, _ = usr2
+    deferral = _deferral_of(signal.SIGUSR2)
+    deferral.exchanging = True
+    deferral.agree([1])  # another rank received SIGUSR2: this one serves it too, at the same point
+    assert deferral.serve() is True
+    assert calls == [signal.SIGUSR2]
+    signal.raise_signal(signal.SIGUSR2)  # this rank's own delivery, a moment later
+    assert deferral.flags() == [0]
+    assert deferral.serve() is False
+    signal.raise_signal(signal.SIGUSR2)  # a later request is one again
+    assert deferral.flags() == [1]
+    deferral.uninstall()
+    assert calls == [signal.SIGUSR2, signal.SIGUSR2]
+
+
+def test_a_signal_pending_here_and_agreed_by_every_rank_is_served_once(usr2):
+    calls, _ = usr2
+    deferral = _deferral_of(signal.SIGUSR2)
+    deferral.exchanging = True
+    signal.raise_signal(signal.SIGUSR2)
+    assert deferral.serve() is False  # under DDP only what the ranks agreed on is served
+    deferral.agree(deferral.flags())
+    assert deferral.serve() is True
+    deferral.uninstall()
+    assert calls == [signal.SIGUSR2]
+
+
+def test_a_signal_noted_as_training_ends_is_served_then_and_later_ones_at_once(usr2):
+    calls, frames = usr2
+    deferral = _deferral_of(signal.SIGUSR2)
+    signal.raise_signal(signal.SIGUSR2)
+    deferral.finish()  # the end of training: what is noted is served
+    assert calls == [signal.SIGUSR2]
+    signal.raise_signal(signal.SIGUSR2)  # after training (a callback uploading artifacts, teardown): at once
+    assert calls == [signal.SIGUSR2, signal.SIGUSR2]
+    assert frames[1] is not None
     deferral.uninstall()
 
 
-@pytest.fixture
-def one_rank_group():
-    """A process group of one rank (gloo): the ranks' agreement runs its collective for real."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        torch.distributed.destroy_process_group()
-
-
-def test_the_ranks_compare_at_an_interval_they_agree_on_and_at_the_end(one_rank_group, monkeypatch):
-    clock = iter(float(second) for second in range(100))
-    monkeypatch.setattr(time, "monotonic", lambda: next(clock))  # each read: one second later
-    agreement = Agreement((signal.SIGUSR1, signal.SIGTERM), torch.device("cpu"), period=4.0)
-    # the first point compares and has measured nothing: the next compares too, and sizes the interval
-    assert agreement([int(signal.SIGTERM)]) == [signal.SIGTERM]
-    assert (agreement.comparisons, agreement.interval) == (1, 1)
-    assert agreement([]) == []
-    assert agreement.comparisons == 2
-    compared_at = agreement.interval
-    assert compared_at > 1  # points a second apart, a 4 s period
-    assert [agreement([int(signal.SIGUSR1)]) for _ in range(compared_at - 1)] == [[]] * (compared_at - 1)
-    assert agreement([int(signal.SIGUSR1)]) == [signal.SIGUSR1]  # the interval's last point compares
-    agreement.compare_next()  # the end of training
-    assert agreement([int(signal.SIGTERM)]) == [signal.SIGTERM]
-
-
 def test_a_deferral_installs_only_in_the_main_thread(usr2):
-    deferral = SignalDeferral((signal.SIGUSR2,))
-    worker = threading.Thread(target=deferral.install)
+    deferral = SignalDeferral()
+    worker = threading.Thread(target=deferral.install, args=({signal.SIGUSR2: signal.getsignal(signal.SIGUSR2)},))
     worker.start()
     worker.join()
     assert not deferral.installed
 
 
-def test_uninstall_drops_what_is_pending(usr2):
-    deferral = SignalDeferral((signal.SIGUSR2,))
-    deferral.install()
-    signal.raise_signal(signal.SIGUSR2)
-    deferral.uninstall()
-    assert usr2 == []
-    assert deferral.pending == []
+@pytest.mark.skipif(not hasattr(signal, "SIGRTMIN"), reason="no real-time signals on this platform")
+def test_a_real_time_signal_is_deferred_and_served():
+    signum = signal.SIGRTMIN + 3
+    calls: list[int] = []
+    previous = signal.signal(signum, lambda number, frame: calls.append(number))
+    try:
+        deferral = _deferral_of(signum)
+        signal.raise_signal(signum)
+        assert calls == []
+        assert deferral.pending_signals() == [signum]
+        deferral.serve()
+        assert calls == [signum]
+        deferral.uninstall()
+    finally:
+        signal.signal(signum, previous)
 
 
-def test_candidate_signals_add_a_custom_requeue_signal_once():
-    assert candidate_signals(signal.SIGUSR1) == candidate_signals()
-    assert candidate_signals(signal.SIGHUP)[-1] == signal.SIGHUP
+def test_candidate_signals_add_a_requeue_signal_and_the_declared_ones_once():
+    assert candidate_signals(signal.SIGUSR1, [signal.SIGUSR1]) == (signal.SIGTERM, signal.SIGUSR1)
+    assert candidate_signals(None, [signal.SIGTERM]) == (signal.SIGTERM,)
 
 
-def test_handlers_served_write_their_temporary_files_beside_the_checkpoints(tmp_path):
-    elsewhere = tempfile.gettempdir()
-    with temporary_files_in(str(tmp_path)):
-        assert tempfile.gettempdir() == str(tmp_path)
-        with tempfile.NamedTemporaryFile() as file:
-            assert os.path.dirname(file.name) == str(tmp_path)
-    assert tempfile.gettempdir() == elsewhere
-    with temporary_files_in(str(tmp_path / "missing")):  # not a local folder: as it was
-        assert tempfile.gettempdir() == elsewhere
+def test_a_checkpoint_written_beside_its_file_leaves_the_temporary_folder_and_fsspec_alone(tmp_path, monkeypatch):
+    """The written file is torch.save's bytes; the temporary file lies beside it; tempfile's setting is untouched."""
+    from lightning.fabric.plugins import TorchCheckpointIO
+
+    class Strategy:
+        checkpoint_io = TorchCheckpointIO()
+
+    strategy = Strategy()
+    made: list[str] = []
+    real_mkstemp = tempfile.mkstemp
+    monkeypatch.setattr(tempfile, "mkstemp", lambda *a, **k: made.append(k.get("dir")) or real_mkstemp(*a, **k))
+    before = tempfile.tempdir
+    target = tmp_path / "run" / "hpc_ckpt_1.ckpt"
+    with writes_beside(strategy, TorchCheckpointIO):
+        assert tempfile.tempdir == before
+        strategy.checkpoint_io.save_checkpoint({"x": torch.arange(3)}, target)
+    assert isinstance(strategy.checkpoint_io, TorchCheckpointIO)
+    assert made == [str(target.parent)]
+    assert sorted(path.name for path in target.parent.iterdir()) == ["hpc_ckpt_1.ckpt"]
+    assert torch.equal(torch.load(target)["x"], torch.arange(3))
+
+
+def test_a_users_checkpoint_plugin_writes_as_it_does(tmp_path):
+    from lightning.fabric.plugins import TorchCheckpointIO
+
+    class Mine(TorchCheckpointIO):
+        pass
+
+    class Strategy:
+        checkpoint_io = Mine()
+
+    strategy = Strategy()
+    with writes_beside(strategy, TorchCheckpointIO):
+        assert type(strategy.checkpoint_io) is Mine
 
 
 # ------------------------------------------------------------------------------------------- Trainer level
@@ -254,9 +321,18 @@ def _newest_hpc_state(job_dir) -> str:
     return "whole"
 
 
-#: the files that write a checkpoint into place (fsspec's local transaction, shutil's move), and how many kills are
+#: the files that write a checkpoint into place: stock, fsspec's local transaction and shutil's move; with the
+#: callback, its own write beside the file (torch.save into a temporary file, a rename); and how many kills are
 #: spread over their lines
-WRITE = ("fsspec/implementations/local.py", "/shutil.py")
+WRITE = {
+    False: ("fsspec/implementations/local.py", "/shutil.py"),
+    True: (
+        "torch/serialization.py",
+        "lightning_midepoch/_preemption.py",
+        "fsspec/implementations/local.py",
+        "/shutil.py",
+    ),
+}
 KILLS = 12
 
 
@@ -275,8 +351,8 @@ class _SignalAt(L.Callback):
 def test_a_kill_while_the_hpc_checkpoint_is_written_never_leaves_a_truncated_newest_file(slurm_job, tmp_path):
     """With the temporary directory on another filesystem (TMPDIR=/dev/shm), fsspec moves the written checkpoint into
     place by copying it: stock Lightning, killed in that copy, leaves a truncated ``hpc_ckpt_N.ckpt`` that the
-    requeued job would pick. The callback's handler writes beside the checkpoint: a kill at any line of the write
-    leaves the newest file whole (or none)."""
+    requeued job would pick. The callback's handler writes beside the checkpoint (tempfile's folder untouched): a
+    kill at any line of the write leaves the newest file whole (or none)."""
     other = "/dev/shm"
     assert os.stat(other).st_dev != os.stat(tmp_path).st_dev, f"{other} must be another filesystem than {tmp_path}"
     flow, config = chaos.FLOWS["slurm"], chaos.CONFIG
@@ -292,7 +368,7 @@ def test_a_kill_while_the_hpc_checkpoint_is_written_never_leaves_a_truncated_new
                 tmp_path / f"probe-{callback}",
                 callback=callback,
                 at=never,
-                record=WRITE,
+                record=WRITE[callback],
                 extra_callbacks=signal_at,
             )
             assert probe.trigger is not None
@@ -353,6 +429,51 @@ def test_a_second_signal_while_the_checkpoint_is_written(callback, slurm_job, tm
     chaos.assert_same_state(full, second.result)
 
 
+class _SignalInValidation(L.Callback):
+    """Raises ``signum`` as the second epoch's mid-epoch validation starts its first batch; notes, at each checkpoint
+    written since, the validation batches begun by then (None: written outside a validation)."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum, self.sent = signum, False
+        self.at_save: list[int | None] = []
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if not self.sent and not trainer.sanity_checking and trainer.current_epoch == 1 and batch_idx == 0:
+            self.sent = True
+            signal.raise_signal(self.signum)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        if self.sent:  # (ModelCheckpoint saved at the first epoch's end, before)
+            progress = trainer.fit_loop.epoch_loop.val_loop.batch_progress.current
+            self.at_save.append(progress.ready if trainer.validating else None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flow_name", ["slurm", "sigterm", "user"])
+def test_a_checkpoint_asked_for_during_a_validation_is_written_within_one_validation_batch(
+    flow_name, slurm_job, tmp_path, monkeypatch
+):
+    """SLURM's signal (served at the validation batch's end), SIGTERM (Lightning's exception at the batch's end) and
+    a declared user handler: the checkpoint is written after the validation batch the signal landed in, not after
+    the whole validation, and the next job resumes exactly (it runs that validation again, from its start)."""
+    flow, config = chaos.FLOWS[flow_name], chaos.CONFIG
+    full = chaos.uninterrupted(config, flow, tmp_path / "full")
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    monkeypatch.setenv("CHAOS_JOB_DIR", str(job_dir))
+    signaller = _SignalInValidation(flow.signum)
+    first = chaos.run_job(config, flow, job_dir, extra_callbacks=(signaller,))
+    assert signaller.at_save == [1]
+    ckpt_path, source = chaos._resume_checkpoint(flow, job_dir)
+    assert source is not None
+    trained = torch.load(source, weights_only=False)["chaos_trained"]
+    second = chaos.run_job(config, flow, job_dir, ckpt_path=ckpt_path, seed=2)
+    assert first.result is not None
+    assert second.result is not None
+    assert first.result.model.seen[:trained] + second.result.model.seen == full.model.seen
+    chaos.assert_same_state(full, second.result)
+
+
 #: a moment within the 2-rank job's training however fast the machine: each of its steps takes at least
 #: tests/slurm_job.py's Paced.PACE (0.01 s)
 PACED_TRAINING_S = 0.6 * 0.01 * chaos.DDP_CONFIG.max_epochs * chaos.DDP_CONFIG.batches_per_epoch / 2
@@ -384,28 +505,119 @@ def test_sigterm_to_one_rank_of_two_stops_every_rank_at_one_point_and_resumes_ex
     assert outcome.checkpoint == "on_exception.ckpt"
 
 
-def test_a_trainer_that_is_never_signalled_keeps_the_handlers_lightning_registers(tmp_path):
-    """Between Lightning's registration and its teardown the deferral holds the signals; after fit the process's
-    own handlers are back, as stock Lightning leaves them."""
-    seen = {}
-
-    class Look(L.Callback):
-        def on_train_batch_end(self, trainer, *args):
-            handler = signal.getsignal(signal.SIGTERM)
-            seen["during"] = type(getattr(handler, "__self__", None)).__name__
-
-    before = signal.getsignal(signal.SIGTERM)
-    model = chaos.Model(replace(chaos.CONFIG, max_epochs=1, validation=False))
-    trainer = L.Trainer(
-        max_epochs=1,
-        limit_val_batches=0,
-        callbacks=[MidEpochResume(), Look()],
+def _small_trainer(tmp_path, callbacks, max_epochs=1, **kwargs):
+    return L.Trainer(
+        max_epochs=max_epochs,
+        callbacks=callbacks,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=tmp_path,
+        **kwargs,
     )
-    trainer.fit(model)
-    assert seen["during"] == "SignalDeferral"
+
+
+@pytest.mark.slow
+def test_a_slurm_signal_that_reaches_rank_0_after_every_rank_served_it_is_not_served_again(tmp_path):
+    """Rank 1 gets SLURM's signal first: both ranks serve it at one agreed point; rank 0's own delivery, a moment
+    later, asks for nothing more (one hpc checkpoint, one requeue), and the requeued job resumes exactly."""
+    full_dir = tmp_path / "full"
+    assert chaos.slurm_step(full_dir, 0, None) == "done"
+    outcome = chaos.deliver_ddp(tmp_path / "job", full_dir, [0.15, 0.05])
+    assert outcome.exact, outcome
+    assert outcome.checkpoint is not None, "the signals came after training: the case tested nothing"
+
+
+@pytest.mark.slow
+def test_uninterrupted_two_rank_slurm_jobs_exit_0_on_every_rank(tmp_path):
+    """2-rank DDP jobs launched as SLURM tasks, never signalled, end as stock's do: every task exits 0 (the callback
+    adds no collective, so no rank is left in one as another leaves; ``make chaos`` runs ten)."""
+    for index in range(2):
+        job_dir = tmp_path / f"job{index}"
+        assert chaos.slurm_step_codes(job_dir, 0, None) == [0, 0], chaos._log_tails(job_dir)
+
+
+@pytest.mark.slow
+def test_an_error_on_one_rank_ends_every_rank_as_stock(tmp_path):
+    """A user's error on rank 1 at step 5: every rank ends with the exit code stock Lightning's does, none hangs."""
+    error = ("--raise-on", "1", "5")
+    stock = chaos.slurm_step_codes(tmp_path / "stock", 0, None, stock=True, timeout=120, extra=error)
+    ours = chaos.slurm_step_codes(tmp_path / "ours", 0, None, timeout=120, extra=error)
+    assert None not in stock, "stock Lightning hung: the case cannot tell"
+    assert stock[1] != 0, "the error was not raised"
+    assert ours == stock, chaos._log_tails(tmp_path / "ours")
+
+
+def test_a_trainer_that_is_never_signalled_keeps_the_handlers_lightning_registers(tmp_path):
+    """Lightning's SIGTERM notifier (it checkpoints nothing, in one process) stays as Lightning registers it; after
+    fit the process's own handlers are back, as stock Lightning leaves them."""
+    seen = {}
+
+    class Look(L.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            seen["during"] = type(signal.getsignal(signal.SIGTERM)).__name__
+
+    before = signal.getsignal(signal.SIGTERM)
+    model = chaos.Model(replace(chaos.CONFIG, max_epochs=1, validation=False))
+    _small_trainer(tmp_path, [MidEpochResume(), Look()], limit_val_batches=0).fit(model)
+    assert seen["during"] == "_HandlersCompose"
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+class _SignalInStep(L.Callback):
+    """Raises ``signum`` in ``on_train_batch_start`` of one batch, noting whether its handler ran before it returned."""
+
+    def __init__(self, signum: int, batch: int, calls: list) -> None:
+        self.signum, self.batch, self.calls = signum, batch, calls
+        self.ran_at_once: bool | None = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.batch:
+            signal.raise_signal(self.signum)
+            self.ran_at_once = any(call == self.signum or isinstance(call, str) for call in self.calls)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_users_handler_that_does_not_checkpoint_runs_at_once_with_its_frame(signum, tmp_path):
+    """A stack dump on SIGUSR1 (or a profiler toggle) runs where the signal lands, with that frame, as in stock."""
+    calls: list[str | None] = []
+    previous = signal.signal(signum, lambda number, frame: calls.append(frame.f_code.co_name if frame else None))
+    try:
+        raiser = _SignalInStep(signum, 2, calls)
+        model = chaos.Model(replace(chaos.CONFIG, max_epochs=1, validation=False))
+        trainer = _small_trainer(tmp_path, [MidEpochResume(), raiser], limit_val_batches=0)
+        if signum == signal.SIGTERM:  # Lightning's notifier runs too: its exception ends the fit, as in stock
+            with pytest.raises(SIGTERMException):
+                trainer.fit(model)
+        else:
+            trainer.fit(model)
+    finally:
+        signal.signal(signum, previous)
+    assert raiser.ran_at_once is True
+    assert calls == ["on_train_batch_start"]
+
+
+def test_a_declared_signals_handler_runs_at_the_batchs_end_once(tmp_path):
+    calls: list[int] = []
+
+    class Step(L.Callback):
+        def on_train_batch_end(self, trainer, *args) -> None:
+            calls.append(-trainer.global_step)
+
+    previous = signal.signal(signal.SIGUSR2, lambda number, frame: calls.append(number))
+    try:
+        raiser = _SignalInStep(signal.SIGUSR2, 2, calls)
+        model = chaos.Model(replace(chaos.CONFIG, max_epochs=1, validation=False))
+        callbacks = [Step(), MidEpochResume(checkpoint_signals=[signal.SIGUSR2]), raiser]
+        _small_trainer(tmp_path, callbacks, limit_val_batches=0, max_steps=4).fit(model)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert raiser.ran_at_once is False
+    assert calls == [-1, -2, -3, signal.SIGUSR2, -4]  # at the end of the batch it landed in (global_step 3 then)
+
+
+@pytest.mark.parametrize("bad", [signal.SIGKILL, 0, "SIGUSR1", 1.5], ids=repr)
+def test_checkpoint_signals_must_be_signals_a_handler_can_catch(bad):
+    with pytest.raises(ValueError, match="`checkpoint_signals` takes signals a handler can catch"):
+        MidEpochResume(checkpoint_signals=[bad])

@@ -77,9 +77,21 @@ REQUIRED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
         "reset",
     ),
     "val_loop": ("increment_progress_to_evaluation_end",),
-    # the override that defers the signal handlers it registers (lightning_midepoch._preemption)
-    "signal_connector": ("register_signal_handlers", "teardown"),
+    # the override that defers the signal handlers it registers, and the handlers it recognises
+    # (lightning_midepoch._preemption)
+    "signal_connector": (
+        "register_signal_handlers",
+        "teardown",
+        "trainer",
+        "received_sigterm",
+        "_slurm_sigusr_handler_fn",
+        "_sigterm_notifier_fn",
+    ),
 }
+
+#: The epoch loop's exchange of rank 0's SIGTERM flag at each training batch under DDP (Lightning 2.5.2 and later):
+#: the pre-emption code stands in for it on one trainer (lightning_midepoch._preemption.SharedSignalCheck).
+SIGTERM_EXCHANGE = "_broadcast_sigterm_tensor"
 
 #: Private names of the fetchers and combined_loader modules (checked with the fetcher).
 REQUIRED_MODULE_ATTRIBUTES = ("_DataLoaderIterDataFetcher", "_SUPPORTED_MODES")
@@ -100,6 +112,7 @@ OTHER_PRIVATE_NAMES = (
     "_combined_loader_states_to_load",  # the fit loop's stateful loader states, until it loads them
     "_load_state_dicts",  # CombinedLoader: gives its stateful loaders their states (in order)
     "_fields",  # Python's named tuples: their field names (documented, despite the underscore; _batch_check)
+    "_HandlersCompose",  # Lightning's composition of one signal's handlers (signal_handlers: its parts)
 )
 
 #: The module a Lightning that carries the upstream change (upstream/0001) has: it resumes mid-epoch itself.
@@ -175,6 +188,14 @@ CHECKED_METHODS = (
     "utilities.combined_loader:_ModeIterator.__init__",
     "trainer.connectors.checkpoint_connector:_CheckpointConnector.restore_loops",
     "trainer.connectors.checkpoint_connector:_CheckpointConnector.resume_end",
+    # pre-emption: the handlers Lightning registers and how it composes them, the exchange stood in for
+    "trainer.connectors.signal_connector:_SignalConnector.register_signal_handlers",
+    "trainer.connectors.signal_connector:_SignalConnector.teardown",
+    "trainer.connectors.signal_connector:_SignalConnector._slurm_sigusr_handler_fn",
+    "trainer.connectors.signal_connector:_SignalConnector._sigterm_notifier_fn",
+    "trainer.connectors.signal_connector:_HandlersCompose.__call__",
+    "loops.training_epoch_loop:_TrainingEpochLoop._broadcast_sigterm_tensor",
+    "loops.training_epoch_loop:_TrainingEpochLoop._should_check_val_fx",
 )
 
 #: The fingerprint of a method the release does not define (where that is one of the accepted versions).
@@ -664,6 +685,58 @@ def cluster_environment(trainer: Trainer) -> object:
 def signal_connector(trainer: Trainer) -> object:
     """The trainer's signal connector, which registers Lightning's signal handlers as ``fit`` starts."""
     return trainer._signal_connector
+
+
+def connector_trainer(connector: Any) -> Trainer:
+    """The trainer a signal connector belongs to."""
+    return connector.trainer  # type: ignore[no-any-return]
+
+
+def lightning_signal_handlers(connector: Any) -> dict[str, object]:
+    """The handlers Lightning's signal connector registers: SLURM's auto-requeue and the SIGTERM notifier."""
+    return {"requeue": connector._slurm_sigusr_handler_fn, "sigterm": connector._sigterm_notifier_fn}
+
+
+def composed_handlers(handler: object) -> list[object]:
+    """The parts of a signal's handler: those Lightning composed into one (``_HandlersCompose``), or the handler."""
+    parts = getattr(handler, "signal_handlers", None)
+    if type(handler).__name__ == "_HandlersCompose" and isinstance(parts, list):
+        return parts
+    return [handler]
+
+
+def has_sigterm_exchange(trainer: Trainer) -> bool:
+    """Whether the epoch loop exchanges rank 0's SIGTERM flag at each training batch (Lightning 2.5.2 and later)."""
+    return hasattr(trainer.fit_loop.epoch_loop, SIGTERM_EXCHANGE)
+
+
+def replace_sigterm_exchange(trainer: Trainer, exchange: Callable[[], None]) -> None:
+    """Make ``exchange`` this trainer's epoch loop's SIGTERM exchange (an attribute of the instance, not the class)."""
+    setattr(trainer.fit_loop.epoch_loop, SIGTERM_EXCHANGE, exchange)
+
+
+def restore_sigterm_exchange(trainer: Trainer) -> None:
+    """Give this trainer's epoch loop Lightning's SIGTERM exchange back."""
+    if SIGTERM_EXCHANGE in vars(trainer.fit_loop.epoch_loop):
+        delattr(trainer.fit_loop.epoch_loop, SIGTERM_EXCHANGE)
+
+
+def torch_checkpoint_io(trainer: Trainer) -> type:
+    """Lightning's default checkpoint plugin, ``TorchCheckpointIO``, of the trainer's namespace."""
+    return importlib.import_module(f"{_pytorch_module(trainer)}.plugins").TorchCheckpointIO  # type: ignore[no-any-return]
+
+
+def stopped_inside_validation(epoch_loop: Any) -> bool:
+    """Whether the restored loops stopped inside a validation of the training (its progress counters tell).
+
+    Written at a validation batch's end, that batch is not completed yet; written as Lightning's SIGTERM exception
+    left the validation, the batch is completed but was not its last. Restored before the epoch loop's reset.
+    """
+    current = epoch_loop.val_loop.batch_progress.current
+    return bool(
+        current.ready > current.completed
+        or (current.ready > 0 and not epoch_loop.val_loop.batch_progress.is_last_batch)
+    )
 
 
 def validation_follows(trainer: Trainer, fetcher: Any) -> bool:

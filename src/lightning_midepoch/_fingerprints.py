@@ -133,4 +133,28 @@ FINGERPRINTS: dict[str, dict[str, str]] = {
     "trainer.connectors.checkpoint_connector:_CheckpointConnector.resume_end": {
         "17ac285868611099": "2.5.0 to 2.6.6",
     },
+    "trainer.connectors.signal_connector:_SignalConnector.register_signal_handlers": {
+        "3c7b87a5861abfda": "2.5.0 to 2.6.6",
+    },
+    "trainer.connectors.signal_connector:_SignalConnector.teardown": {
+        "204be7ba9f8d2cb0": "2.5.0 to 2.6.6",
+    },
+    "trainer.connectors.signal_connector:_SignalConnector._slurm_sigusr_handler_fn": {
+        "9d9192475442dd8e": "2.5.0 to 2.6.6",
+    },
+    "trainer.connectors.signal_connector:_SignalConnector._sigterm_notifier_fn": {
+        "29910ed4a34c77a9": "2.5.0 to 2.5.1.post0",
+        "6bf0675947985283": "2.5.2 to 2.6.6",
+    },
+    "trainer.connectors.signal_connector:_HandlersCompose.__call__": {
+        "bbd6d339b6f63e18": "2.5.0 to 2.6.6",
+    },
+    "loops.training_epoch_loop:_TrainingEpochLoop._broadcast_sigterm_tensor": {
+        "absent": "2.5.0 to 2.5.1.post0",
+        "f5489e7057b4aff4": "2.5.2 to 2.6.6",
+    },
+    "loops.training_epoch_loop:_TrainingEpochLoop._should_check_val_fx": {
+        "995615e3e12791a7": "2.5.0 to 2.5.6",
+        "1c70d29ee5a8dd68": "2.6.0 to 2.6.6",
+    },
 }

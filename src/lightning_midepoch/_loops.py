@@ -181,6 +181,11 @@ class _ResumableTrainingEpochLoop(_EpochLoopBase):
 
     @override
     def reset(self) -> None:
+        if self.restarting and not self.restarted_on_train_batch_end and _compat.stopped_inside_validation(self):
+            # the checkpoint was written inside the validation after a batch (a signal served there): the random
+            # states it holds are those of the validation's start, and the batch is finished from there (that
+            # validation again, plateau schedulers), as after a checkpoint written in on_train_batch_end
+            self._midepoch.finish_interrupted_batch = True
         if self.restarting and self.restarted_on_train_batch_end:
             self._midepoch.finish_interrupted_batch = True
             progress = self.batch_progress

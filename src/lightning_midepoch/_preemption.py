@@ -1,256 +1,366 @@
-"""Pre-emption: a signal that asks for a checkpoint is served at the next consistent point of the fit.
+"""Pre-emption: a signal handler that writes a checkpoint runs at the next consistent point of the fit.
 
 Python runs a signal handler in the main thread between any two bytecodes: inside ``optimizer.step()``, inside the
 fetch of the next batch, inside a collective. A handler that writes a checkpoint there (Lightning's SLURM
 auto-requeue handler does, and so do the handlers users write for Kubernetes' ``preStop`` hooks and spot-instance
 notices) can write a torn state, and under DDP ranks that enter the save at different points wait for each other
-forever. :class:`SignalDeferral` takes the place of the handlers of the signals that ask for a checkpoint: it only
-notes the signal, and the callback serves it (calls the handler that was there) at the next consistent point: the
-end of a training batch, of a validation run, of an epoch, or of training (a signal received after that is dropped:
-the job has finished its training). It takes their
-place right after Lightning registers its own (:class:`_DeferringSignalConnector`), and gives them back before
-Lightning restores the process's. Under DDP every rank serves the same signals at the same point: the ranks compare
-notes at an agreed consistent point about once a second (:class:`Agreement`).
+forever. :class:`SignalDeferral` takes the place of the handlers that checkpoint (and only of those: a stack dump
+or a profiler toggle runs at once, with its frame): it notes the signal, and the callback serves it (calls the
+handler with the frame the signal arrived in) at the next consistent point: the end of a training batch, of a
+validation batch, of an epoch, or of training. Once training is over, every handler runs at once, as in stock
+Lightning, and a signal noted but not served yet is served then.
 
-While a handler is served, temporary files are made beside the checkpoints (:func:`temporary_files_in`): fsspec,
-which Lightning writes checkpoints through, writes a temporary file and moves it into place; that move is a rename
-(atomic) only when both lie on one filesystem, and otherwise a copy that a kill can cut short.
+Which handlers checkpoint (:func:`checkpointing_handler`): Lightning's SLURM auto-requeue handler; under DDP also
+Lightning's SIGTERM notifier, which runs a collective (a broadcast); and every handler of a signal the user names in
+``MidEpochResume(checkpoint_signals=...)``.
+
+Under DDP every rank serves the same signals at the same point without a collective of its own: Lightning already
+exchanges rank 0's SIGTERM flag at the start of every training batch (``_broadcast_sigterm_tensor``, Lightning 2.5.2
+and later), and :class:`SharedSignalCheck` stands in for that exchange on this trainer, with every rank's signals in
+the same message. The ranks then serve what they agreed on at the end of that batch, every rank alike; a rank that
+had not received a signal yet absorbs its own delivery of it when it comes (one delivery per rank, one service).
+
+A served handler writes its checkpoint's temporary file beside the checkpoint (:func:`writes_beside`): Lightning
+writes through fsspec, which makes its temporary file in the system's temporary folder and moves it into place, a
+copy that a kill can cut short when the two lie on different filesystems.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Collection, Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lightning_midepoch._mixin import stock_reduce
+from lightning_midepoch import _compat
+from lightning_midepoch._mixin import stock_reduce, unmix
+
+if TYPE_CHECKING:
+    from lightning.pytorch import Trainer
 
 log = logging.getLogger(__name__)
 
-#: The signals whose handlers are deferred (where the process has one): the one SLURM sends before a time limit
-#: (``--signal=USR1@90``) and that Lightning's auto-requeue listens to, the other user signal (a common
-#: ``requeue_signal``), and SIGTERM (pre-emption, Kubernetes, spot instances). SIGINT is left alone (Ctrl-C).
-CANDIDATE_SIGNALS: tuple[str, ...] = ("SIGUSR1", "SIGUSR2", "SIGTERM")
-
 Handler = Callable[[int, Any], Any]
+#: How a handler is served: the context it runs in (given whether the ranks may not all be at this point)
+Serving = Callable[[bool], AbstractContextManager[Any]]
 
 
-def candidate_signals(extra: int | None = None) -> tuple[int, ...]:
-    """The numbers of :data:`CANDIDATE_SIGNALS` this platform has, plus ``extra`` (a SLURM ``requeue_signal``).
-
-    The same on every rank of a job (the agreement between ranks relies on it).
+def signal_name(signum: int) -> str:
+    """A signal's name, also for a real-time signal (which :class:`signal.Signals` does not name).
 
     Example:
         >>> import signal
-        >>> candidate_signals(signal.SIGHUP) == (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP)
+        >>> signal_name(signal.SIGUSR1), signal_name(signal.SIGRTMIN + 2)
+        ('SIGUSR1', 'SIGRTMIN+2')
+
+    """
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        if hasattr(signal, "SIGRTMIN") and signal.SIGRTMIN <= signum <= signal.SIGRTMAX:
+            return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
+        return str(signum)
+
+
+def candidate_signals(requeue: int | None, declared: Iterable[int] = ()) -> tuple[int, ...]:
+    """The signals whose handlers may checkpoint: SIGTERM, SLURM's ``requeue_signal`` and the user's declared ones.
+
+    Example:
+        >>> import signal
+        >>> candidate_signals(signal.SIGUSR1, [signal.SIGHUP]) == (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
         True
 
     """
-    numbers = [int(getattr(signal, name)) for name in CANDIDATE_SIGNALS if hasattr(signal, name)]
-    if extra is not None and int(extra) not in numbers:
-        numbers.append(int(extra))
+    numbers: list[int] = [int(signal.SIGTERM)] if hasattr(signal, "SIGTERM") else []
+    for signum in (requeue, *declared):
+        if signum is not None and int(signum) not in numbers:
+            numbers.append(int(signum))
     return tuple(numbers)
 
 
-def _defers(handler: object) -> bool:
-    """A handler written in Python (not the default action, not ignored, not Python's Ctrl-C handler)."""
-    return callable(handler) and handler is not signal.default_int_handler
+def checkpointing_handler(handler: object, connector: object, *, declared: bool, ranks_exchange: bool) -> bool:
+    """Whether ``handler`` (a signal's handler, as Lightning registered it) writes checkpoints or runs collectives.
+
+    Lightning composes the handlers of one signal into one (:func:`~lightning_midepoch._compat.composed_handlers`):
+    its SLURM auto-requeue handler saves a checkpoint; its SIGTERM notifier broadcasts under DDP
+    (``ranks_exchange``), which every rank must do at the same point. A declared signal's handler counts whatever it
+    is. The default action, ignoring and Python's Ctrl-C handler are never deferred.
+    """
+    if not callable(handler) or handler is signal.default_int_handler:
+        return False
+    if declared:
+        return True
+    parts = _compat.composed_handlers(handler)
+    known = _compat.lightning_signal_handlers(connector)
+    return any(part == known["requeue"] or (ranks_exchange and part == known["sigterm"]) for part in parts)
 
 
 class SignalDeferral:
-    """Notes the signals that ask for a checkpoint and serves them, later, at a consistent point.
+    """Holds the handlers that checkpoint, serves them at consistent points, and at once when training is over.
 
     Example:
         >>> import signal
         >>> served = []
         >>> previous = signal.signal(signal.SIGUSR2, lambda signum, frame: served.append(signum))
-        >>> deferral = SignalDeferral((signal.SIGUSR2,))
-        >>> deferral.install()
+        >>> deferral = SignalDeferral()
+        >>> deferral.install({signal.SIGUSR2: signal.getsignal(signal.SIGUSR2)})
         >>> signal.raise_signal(signal.SIGUSR2)
-        >>> served, [signum.name for signum in deferral.pending]
-        ([], ['SIGUSR2'])
+        >>> served, deferral.pending_signals()
+        ([], [<Signals.SIGUSR2: 12>])
         >>> deferral.serve()
         True
-        >>> [signal.Signals(signum).name for signum in served]
-        ['SIGUSR2']
+        >>> served == [signal.SIGUSR2]
+        True
+        >>> deferral.finish()
+        >>> signal.raise_signal(signal.SIGUSR2)  # training is over: at once
+        >>> len(served)
+        2
         >>> deferral.uninstall()
         >>> _ = signal.signal(signal.SIGUSR2, previous)
 
     """
 
-    def __init__(self, signals: tuple[int, ...]) -> None:
-        self.signals = signals
+    def __init__(self, serving: Serving | None = None) -> None:
+        self.serving_context: Serving = serving if serving is not None else (lambda apart: contextlib.nullcontext())
         self.handlers: dict[int, Handler] = {}  # the handlers deferred, by signal
-        self.pending: list[signal.Signals] = []  # received and not served yet, in order of arrival
-        self.held: list[int] = []  # agreed on and held back at the last point: served at the next
+        self.pending: list[tuple[int, FrameType | None]] = []  # received, not served yet: the signal and its frame
+        self.exchanging = False  # under DDP, every rank serves what the ranks agreed on (SharedSignalCheck)
+        self.agreed: list[int] = []  # what every rank agreed on at the latest exchange: served at the next point
+        self.owed: Counter[int] = Counter()  # served as agreed before this rank's own delivery came: absorbed then
+        self.served_together: set[int] = set()  # served at a point every rank agreed on
         self.serving: int | None = None  # the signal whose handler runs now
         self.received = 0  # every delivery noted (a repeat while its own handler runs included)
-        self.served_together: set[int] = set()  # served at a point every rank agreed on
+        self.live = False  # training runs: handlers wait for a consistent point
 
     @property
     def installed(self) -> bool:
         return bool(self.handlers)
 
-    def install(self) -> None:
-        """Take the place of the current handler of each signal that has one (in the main thread only)."""
+    @property
+    def signals(self) -> tuple[int, ...]:
+        return tuple(self.handlers)
+
+    def pending_signals(self) -> list[signal.Signals | int]:
+        """The signals received and not served yet, by name where Python names them."""
+        return [_named(signum) for signum, _ in self.pending]
+
+    def install(self, handlers: dict[int, Handler]) -> None:
+        """Take the place of ``handlers`` (each signal's current handler, which checkpoints), in the main thread."""
         if self.handlers or threading.current_thread() is not threading.main_thread():
             return
-        for signum in self.signals:
-            handler = signal.getsignal(signum)
-            if _defers(handler):
-                self.handlers[signum] = handler  # type: ignore[assignment]
-                signal.signal(signum, self._note)
+        for signum, handler in handlers.items():
+            self.handlers[signum] = handler
+            signal.signal(signum, self._note)
+        self.live = True
 
     def uninstall(self) -> None:
-        """Give each signal its handler back (where nobody replaced ours since); what is pending is dropped."""
+        """Serve what is noted (at once), then give each signal its handler back (where nobody replaced ours)."""
+        self.finish()
         for signum, handler in self.handlers.items():
             if signal.getsignal(signum) == self._note:
                 signal.signal(signum, handler)
-        if self.pending or self.held:
-            log.info(f"lightning-midepoch: signals received as the fit ended, not served: {self.pending + self.held}")
-        self.handlers, self.pending, self.held = {}, [], []
+        self.handlers = {}
 
-    def _note(self, signum: int, frame: Any) -> None:
-        # the whole handler: a signal can land anywhere, so nothing here may touch the training's state
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        # the whole handler: a signal can land anywhere, so while training runs nothing here touches its state
         self.received += 1
+        if self.owed[signum]:  # this rank's own delivery of a signal every rank served already
+            self.owed[signum] -= 1
+            return
+        if not self.live:
+            self._call(signum, frame, apart=True)
+            return
         # a repeat asks for what is already under way
-        if signum != self.serving and signum not in self.pending and signum not in self.held:
-            self.pending.append(signal.Signals(signum))
+        if signum != self.serving and all(signum != noted for noted, _ in self.pending):
+            self.pending.append((signum, frame))
 
-    def serve(
-        self,
-        agree: Callable[[list[int]], list[int]] | None = None,
-        directory: str | None = None,
-        hold: Callable[[], Collection[int]] = tuple,
-    ) -> bool:
-        """Call the deferred handlers of the signals received: now is a consistent point. Whether any ran.
+    def agree(self, flags: list[int]) -> None:
+        """The ranks' exchange: ``flags`` says, per signal of :attr:`signals`, whether any rank received it.
 
-        ``agree`` turns this rank's pending signals into those of every rank (the same list on each), so that every
-        rank runs the same handlers here; ``directory`` is where the handlers' checkpoints are written. ``hold()``
-        names signals that must wait for the next point (asked only when something is to be served); those wait on
-        every rank alike, with no further agreement.
+        Each is served at this rank's next consistent point, as on every rank; one this rank has not received yet is
+        owed: its own delivery, when it comes, asks for nothing more.
         """
-        pending = [int(signum) for signum in self.pending]
-        if agree is not None:
-            pending = agree(pending)
-        pending = self.held + [signum for signum in pending if signum not in self.held]
-        if not pending:
-            return False
-        waiting = set(hold())
-        self.held = [signum for signum in pending if signum in waiting]
-        self.pending = [signum for signum in self.pending if signum not in pending]
-        served = False
-        with temporary_files_in(directory):
-            for signum in pending:
-                handler = self.handlers.get(signum)
-                if signum in waiting or handler is None:
-                    continue
-                self.serving, served = signum, True
-                if agree is not None:
-                    self.served_together.add(signum)
-                try:
-                    handler(signum, None)
-                finally:
-                    self.serving = None
-        return served
+        for signum, flag in zip(self.signals, flags, strict=True):
+            if not flag or signum in self.agreed:
+                continue
+            self.agreed.append(signum)
+            noted = [entry for entry in self.pending if entry[0] == signum]
+            if noted:
+                self.pending.remove(noted[0])
+            else:
+                self.owed[signum] += 1
+
+    def flags(self) -> list[int]:
+        """Per signal of :attr:`signals`: whether this rank received it and waits for the ranks to agree."""
+        noted = {signum for signum, _ in self.pending}
+        return [int(signum in noted) for signum in self.signals]
+
+    def serve(self) -> bool:
+        """Now is a consistent point: call the handlers of the signals received (agreed on, under DDP); any ran."""
+        if self.exchanging:
+            due: list[tuple[int, FrameType | None]] = [(signum, None) for signum in self.agreed]
+            self.agreed = []
+            self.served_together.update(signum for signum, _ in due)
+        else:
+            due, self.pending = self.pending, []
+        for signum, frame in due:
+            self._call(signum, frame, apart=False)
+        return bool(due)
+
+    def finish(self) -> None:
+        """Training is over: what is agreed or noted is served now, and every later delivery at once."""
+        if not self.live:
+            return
+        self.live = False
+        due = [(signum, None) for signum in self.agreed] + self.pending
+        self.agreed, self.pending = [], []
+        for signum, frame in due:
+            # (what every rank agreed on was agreed on every rank: each serves it as it finishes)
+            self._call(signum, frame, apart=True)
+
+    def _call(self, signum: int, frame: FrameType | None, apart: bool) -> None:
+        handler = self.handlers.get(signum)
+        if handler is None:  # pragma: no cover - only deferred signals are noted
+            return
+        self.serving = signum
+        try:
+            with self.serving_context(apart):
+                handler(signum, frame)
+        finally:
+            self.serving = None
 
 
-#: Under DDP, about how many seconds of training pass between two comparisons of the ranks' signals
-AGREEMENT_PERIOD_S = 1.0
+def _named(signum: int) -> signal.Signals | int:
+    try:
+        return signal.Signals(signum)
+    except ValueError:
+        return signum
 
 
-class Agreement:
-    """Under DDP: the signals every rank serves at a consistent point, the same on each rank.
+class SharedSignalCheck:
+    """Under DDP: stands in for Lightning's exchange of rank 0's SIGTERM flag at the start of each training batch.
 
-    The ranks compare what they received (one ``all_reduce`` of a few integers) at every ``interval``-th consistent
-    point only, an interval they agree on as they compare: about :data:`AGREEMENT_PERIOD_S` seconds of training, at
-    least one point. Every rank reaches the same points in the same order, so all count alike and none waits for
-    a comparison another does not make; a signal waits at most about that long (or one step, if longer) for its
-    point. Elsewhere the call costs a countdown.
+    The same collective at the same moment (every rank makes it there), carrying more: the SIGTERM flag, and per
+    deferred signal whether any rank received it (an ``all_reduce`` with ``MAX``, where Lightning broadcasts from
+    rank 0; with the notifier deferred, every rank's flag is the same). What follows is Lightning's: a failed exchange
+    asks for nothing, a SIGTERM raises Lightning's ``SIGTERMException`` on every rank after a barrier.
     """
 
-    def __init__(self, signals: tuple[int, ...], device: torch.device, period: float | None = None) -> None:
-        self.signals, self.device = signals, device
-        self.period = AGREEMENT_PERIOD_S if period is None else period
-        self.interval = self.countdown = 1  # the first point compares (and sizes the interval)
-        self.since = time.monotonic()
-        self.comparisons = 0
+    def __init__(self, trainer: Trainer, deferral: SignalDeferral) -> None:
+        self.trainer, self.deferral = trainer, deferral
 
-    def compare_next(self) -> None:
-        """Make the next point a comparison (every rank calls this at the same point): the last one of training."""
-        self.countdown = 1
-
-    def __call__(self, pending: list[int]) -> list[int]:
-        self.countdown -= 1
-        if self.countdown > 0:
-            return []
-        per_point = (time.monotonic() - self.since) / self.interval
-        # (the first comparison has measured nothing yet: the next point compares again)
-        proposal = max(1, int(self.period / per_point)) if self.comparisons and per_point > 0 else 1
-        # a flag per signal, and the interval proposed, negated: MAX gives any rank's signals and the shortest interval
-        notes = [int(signum in pending) for signum in self.signals] + [-proposal]
-        agreed = torch.tensor(notes, dtype=torch.int64, device=self.device)
-        torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MAX)
-        *flags, interval = agreed.tolist()
-        self.interval = self.countdown = -interval
-        self.since = time.monotonic()
-        self.comparisons += 1
-        return [signum for signum, flag in zip(self.signals, flags, strict=True) if flag]
+    def __call__(self) -> None:
+        trainer = self.trainer
+        notes = [int(bool(trainer.received_sigterm)), *self.deferral.flags()]
+        try:
+            exchanged = torch.tensor(notes, device=trainer.strategy.root_device)
+            torch.distributed.all_reduce(exchanged, op=torch.distributed.ReduceOp.MAX)
+            agreed = [int(flag) for flag in exchanged.tolist()]
+        except Exception:  # as Lightning's exchange: a rank that cannot exchange goes on
+            agreed = [0] * len(notes)
+        self.deferral.agree(agreed[1:])
+        if agreed[0]:
+            with contextlib.suppress(Exception):
+                torch.distributed.barrier()  # (as Lightning: every rank leaves together)
+            raise _compat.sigterm_exception(trainer)()
 
 
 class _DeferringSignalConnector:
-    """The override on one trainer's signal connector: the deferral takes the place of the handlers it registers.
+    """The override on one trainer's signal connector: the deferral takes the place of the handlers that checkpoint.
 
     Lightning registers its handlers (SLURM's auto-requeue, its SIGTERM notifier, composed with any the process had)
-    as ``fit`` starts; from that moment to its teardown, each is served at consistent points instead.
+    as ``fit`` starts; from that moment, those that checkpoint are served at consistent points until training ends.
     """
 
     __reduce_ex__ = stock_reduce
     _midepoch_deferral: SignalDeferral
+    _midepoch_declared: tuple[int, ...]
 
     def register_signal_handlers(self) -> None:
         super().register_signal_handlers()  # type: ignore[misc]
-        self._midepoch_deferral.install()
+        deferral = self._midepoch_deferral
+        trainer = _compat.connector_trainer(self)
+        environment = _compat.cluster_environment(trainer)
+        requeue = getattr(environment, "requeue_signal", None) if getattr(environment, "auto_requeue", False) else None
+        exchanging = (
+            trainer.world_size > 1
+            and torch.distributed.is_available()
+            and torch.distributed.is_initialized()
+            and _compat.has_sigterm_exchange(trainer)
+        )
+        handlers = {}
+        for signum in candidate_signals(requeue, self._midepoch_declared):
+            handler = signal.getsignal(signum)
+            declared = signum in self._midepoch_declared
+            if checkpointing_handler(handler, self, declared=declared, ranks_exchange=exchanging):
+                handlers[signum] = handler
+        deferral.install(handlers)  # type: ignore[arg-type]
+        if deferral.installed and exchanging:
+            deferral.exchanging = True
+            _compat.replace_sigterm_exchange(trainer, SharedSignalCheck(trainer, deferral))
 
     def teardown(self) -> None:
-        # training is over (its last point served what came before): a signal received since is dropped, as the job
-        # has finished its training (a checkpoint written now, after Lightning tore the loops down, would wait for
-        # the reports of DataLoader workers that are gone)
+        # (Lightning gives the process its own handlers back: every signal noted was served by then)
         self._midepoch_deferral.uninstall()
+        _compat.restore_sigterm_exchange(_compat.connector_trainer(self))
         super().teardown()  # type: ignore[misc]
+        unmix(self, type(self)._midepoch_stock)  # type: ignore[attr-defined]
+
+
+class _WriteBeside:
+    """Lightning's ``TorchCheckpointIO``, writing each local checkpoint to a temporary file beside it first.
+
+    The same bytes (``torch.save`` of the same dictionary); the move into place is a rename on one filesystem, so a
+    process killed while writing leaves the previous file as it was. Remote paths and everything else go to the
+    plugin it stands in for.
+    """
+
+    def __init__(self, io: Any) -> None:
+        self.io = io
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.io, name)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        target = os.fspath(path)
+        if storage_options is not None or "://" in target:
+            self.io.save_checkpoint(checkpoint, path, storage_options=storage_options)
+            return
+        folder = os.path.dirname(os.path.abspath(target))
+        os.makedirs(folder, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(target)}.", suffix=".tmp")
+        try:
+            with os.fdopen(descriptor, "wb") as file:
+                torch.save(checkpoint, file)
+            os.replace(temporary, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(temporary)
+            raise
 
 
 @contextmanager
-def temporary_files_in(directory: str | None) -> Iterator[None]:
-    """Make ``tempfile``'s temporary files in ``directory`` (a local folder) while the block runs.
+def writes_beside(strategy: Any, torch_io: type) -> Iterator[None]:
+    """While the block runs, ``strategy`` writes local checkpoints through :class:`_WriteBeside`.
 
-    fsspec writes a checkpoint to a temporary file and moves it into place: with the two in one folder, the move is a
-    rename, and a process killed while writing leaves the previous checkpoint as the newest whole file.
-
-    Example:
-        >>> import tempfile
-        >>> folder = tempfile.mkdtemp()
-        >>> with temporary_files_in(folder):
-        ...     tempfile.gettempdir() == folder
-        True
-        >>> tempfile.gettempdir() == folder
-        False
-
+    Only where its plugin is Lightning's own ``torch_io`` (``TorchCheckpointIO``): a user's plugin (asynchronous, to
+    object storage) writes as it does.
     """
-    if directory is None or not os.path.isdir(directory):
+    io = strategy.checkpoint_io
+    if type(io) is not torch_io:
         yield
         return
-    previous = tempfile.tempdir
-    tempfile.tempdir = directory
+    strategy.checkpoint_io = _WriteBeside(io)
     try:
         yield
     finally:
-        tempfile.tempdir = previous
+        strategy.checkpoint_io = io

@@ -70,6 +70,13 @@ class Saver:
         # batch may then find gradients pending (manual optimization, or accumulating gradients)
         self.backward_done = False
         self.stopped: Snapshot | None = None  # the training loop stopped before the epoch's end: the state then
+        # the process-wide generators as the fit's current validation started (None: none runs): a checkpoint written
+        # inside it resumes by running that validation again
+        self.validation_start: dict[str, Any] | None = None
+        self.before_validation: dict[str, Any] | None = None  # (taken at the end of the batch a validation follows)
+        # a signal handler runs where the ranks may not all be (training is over): its checkpoint holds this rank's
+        # states only and waits for no worker
+        self.apart = False
 
     def attach(self, loaders: list[Any]) -> None:
         """Follow the train loaders' positions and the generators of the datasets read in the main process.
@@ -224,7 +231,7 @@ class Saver:
         if session.workers.loaders:
             epoch_ended = bool(session.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
             # (handling an exception, nothing waits for the workers: they may be gone, or never have started)
-            wait = not _compat.interrupted(trainer)
+            wait = not (_compat.interrupted(trainer) or self.apart)
             rank_state[S.KEY_WORKERS] = session.workers.state_dict(self._worker_positions(rewind), epoch_ended, wait)
         fetcher = self.session.fetcher
         fetched = 0
@@ -248,7 +255,7 @@ class Saver:
             S.KEY_LOADERS: [S.loader_facts(loader) for loader in self.session.loaders],
         }
         interrupted = _compat.interrupted(trainer)
-        own_only = interrupted and not ranks_together
+        own_only = (interrupted and not ranks_together) or self.apart
         return Snapshot(facts, rank_state, trainer.global_rank, trainer.world_size, own_only)
 
     def _last_batch(self, inside_batch: bool) -> dict[str, Any] | None:
@@ -400,6 +407,8 @@ class Saver:
     def _live_states(self, inside_batch: bool, grads_pending: bool) -> dict[str, Any]:
         """The states the resumed run continues from: now, unless Lightning will re-run what is in progress."""
         live = _rng.capture_global(include_cuda=True)
+        if self.validation_start is not None:
+            return self.validation_start
         if self._inside_epoch_start():
             return self.epoch_start  # type: ignore[return-value]
         if inside_batch:

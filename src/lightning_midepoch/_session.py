@@ -80,11 +80,17 @@ class _Session:
         if fit_loop._data_fetcher is not None:  # pragma: no cover - Lightning creates it inside setup_data
             fit_loop._data_fetcher = fit_loop._data_fetcher  # the fit loop's override adopts it
 
-    def defer_signals(self, deferral: SignalDeferral) -> None:
-        """Put the override on this trainer's signal connector: ``deferral`` takes its handlers' place in ``fit``."""
+    def defer_signals(self, deferral: SignalDeferral, declared: tuple[int, ...]) -> None:
+        """Put the override on this trainer's signal connector: ``deferral`` holds its handlers that checkpoint.
+
+        And those of the ``declared`` signals, in ``fit``. The connector's own teardown, after the session's, takes
+        the override off (signals keep being served until Lightning gives the process its handlers back).
+        """
         connector = _compat.signal_connector(self.trainer)
-        self._mix(connector, _DeferringSignalConnector)
+        if not isinstance(connector, _DeferringSignalConnector):
+            mix_in(connector, _DeferringSignalConnector)
         vars(connector)["_midepoch_deferral"] = deferral
+        vars(connector)["_midepoch_declared"] = declared
 
     def loops_restoring(self) -> None:
         """Lightning is about to restore the loops' state: put the epoch loop's override on the epoch loop.

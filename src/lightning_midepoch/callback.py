@@ -6,16 +6,16 @@ import importlib
 import importlib.util
 import signal
 import sys
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, get_args
 
-import torch
 from typing_extensions import override
 
-from lightning_midepoch import _compat
+from lightning_midepoch import _compat, _rng
 from lightning_midepoch import _state as S
 from lightning_midepoch._batch_check import VerifyBatch
-from lightning_midepoch._preemption import Agreement, SignalDeferral, candidate_signals
+from lightning_midepoch._preemption import SignalDeferral, writes_beside
 from lightning_midepoch._saving import Snapshot
 from lightning_midepoch._session import OnMismatch, _Session
 
@@ -81,6 +81,11 @@ class MidEpochResume(_CallbackBase):
             before the resumed run trains, naming the batch and the differing parts; ``"raise"`` stops with a
             :class:`~lightning_midepoch.MidEpochResumeError` instead; ``"off"`` saves no fingerprints (and compares
             none).
+        checkpoint_signals: Signals whose handlers write checkpoints (``trainer.save_checkpoint``), beside those
+            Lightning registers itself (its SLURM auto-requeue handler). While training runs, the handler such a
+            signal had when ``fit`` started is called at the next consistent point (the end of the batch or validation
+            batch in progress) instead of wherever the signal lands, so that the checkpoint is whole and resumes
+            exactly; under DDP every rank calls it at the same point. Handlers of other signals run at once, as usual.
 
     Example:
         >>> import lightning as L
@@ -90,7 +95,12 @@ class MidEpochResume(_CallbackBase):
 
     """
 
-    def __init__(self, on_mismatch: OnMismatch = "raise", verify_batch: VerifyBatch = "warn") -> None:
+    def __init__(
+        self,
+        on_mismatch: OnMismatch = "raise",
+        verify_batch: VerifyBatch = "warn",
+        checkpoint_signals: Iterable[int] = (),
+    ) -> None:
         _adopt_imported_namespaces()
         super().__init__()
         if on_mismatch not in get_args(OnMismatch):
@@ -99,12 +109,12 @@ class MidEpochResume(_CallbackBase):
             raise ValueError(f"`verify_batch` must be one of {list(get_args(VerifyBatch))}, got {verify_batch!r}.")
         self.on_mismatch: OnMismatch = on_mismatch
         self.verify_batch: VerifyBatch = verify_batch
+        self.checkpoint_signals: tuple[int, ...] = _signal_numbers(checkpoint_signals)
         self._session: _Session | None = None
         # where the latest fit of this trainer stopped: what a checkpoint written after it records
         self._final: Snapshot | None = None
         # the signals that ask for a checkpoint, served at consistent points (see lightning_midepoch._preemption)
         self._deferral: SignalDeferral | None = None
-        self._agree: Agreement | bool | None = None  # under DDP: how the ranks agree (False: one process; None: unset)
         self._stepped_aside = False  # the installed Lightning resumes mid-epoch itself (said once)
 
     @override
@@ -138,58 +148,80 @@ class MidEpochResume(_CallbackBase):
         self._final = None
         self._session = _Session(trainer, self.on_mismatch, self.verify_batch)
         self._session.install()
-        environment = _compat.cluster_environment(trainer)
-        self._deferral = SignalDeferral(candidate_signals(getattr(environment, "requeue_signal", None)))
-        self._session.defer_signals(self._deferral)
+        self._deferral = SignalDeferral(lambda apart: self._serving(trainer, apart))
+        self._session.defer_signals(self._deferral, self.checkpoint_signals)
 
     # ------------------------------------------------------------------ pre-emption
-    def _serve_signals(self, trainer: Trainer, hold: Callable[[], Collection[int]] = tuple) -> None:
-        """A consistent point: serve the signals received since the last one (see SignalDeferral.serve)."""
-        deferral = self._deferral
-        if deferral is None:
-            return
-        if self._agree is None:  # the first point: under DDP, the ranks compare notes from now on
-            distributed = trainer.world_size > 1 and torch.distributed.is_initialized()
-            self._agree = Agreement(deferral.signals, trainer.strategy.root_device) if distributed else False
-        agreement = self._agree if isinstance(self._agree, Agreement) else None
-        if deferral.pending or deferral.held or agreement is not None:
-            deferral.serve(agreement, str(trainer.default_root_dir), hold)
+    def _serve_signals(self) -> None:
+        """A consistent point: serve the checkpointing handlers of the signals received (see SignalDeferral.serve)."""
+        if self._deferral is not None and (self._deferral.pending or self._deferral.agreed):
+            self._deferral.serve()
+
+    @contextmanager
+    def _serving(self, trainer: Trainer, apart: bool) -> Iterator[None]:
+        """How a deferred handler runs: its checkpoint is written beside the file.
+
+        ``apart`` (training is over): the checkpoint holds this rank's states only and waits for no DataLoader worker.
+        """
+        saver = self._session.saver if self._session is not None else None
+        if saver is not None:
+            saver.apart = apart
+        try:
+            with writes_beside(trainer.strategy, _compat.torch_checkpoint_io(trainer)):
+                yield
+        finally:
+            if saver is not None:
+                saver.apart = False
 
     @override
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._serve_signals(trainer, lambda: self._held_before_validation(trainer))
+        self._serve_signals()
+        session = self._session
+        if session is not None and session.fetcher is not None and _compat.validation_follows(trainer, session.fetcher):
+            # a checkpoint written inside the validation that follows resumes by running it again: from the states
+            # it starts with (before its loader's iterator draws its seed)
+            session.saver.before_validation = _rng.capture_global(include_cuda=True)
 
-    def _held_before_validation(self, trainer: Trainer) -> tuple[int, ...]:
-        """SIGTERM waits for the validation's end when one follows this batch.
+    @override
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        saver = self._session.saver if self._session is not None else None
+        if saver is not None and not trainer.sanity_checking:
+            saver.validation_start, saver.before_validation = saver.before_validation, None
 
-        Lightning's SIGTERM notifier only sets a flag, which its loops check at their next boundary: inside a
-        validation that is after the validation's first batch, a checkpoint (``OnExceptionCheckpoint``) in its middle.
-        """
-        fetcher = self._session.fetcher if self._session is not None else None
-        follows = fetcher is not None and _compat.validation_follows(trainer, fetcher)
-        return (signal.SIGTERM,) if follows else ()
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if not trainer.sanity_checking:
+            self._serve_signals()
 
     @override
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # not inside a validation: a checkpoint written there resumes by running the validation again, from the
-        # random states of its middle
+        if self._session is not None:
+            self._session.saver.validation_start = None
         if not trainer.sanity_checking:
             if self._session is not None:
                 self._session.validated_since_resume = self._session.resuming
-            self._serve_signals(trainer)
+            self._serve_signals()
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._serve_signals(trainer)
+        self._serve_signals()
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # the last point: every signal received in training is served (later ones are dropped: all is done)
-        if isinstance(self._agree, Agreement):
-            self._agree.compare_next()
-        self._serve_signals(trainer)
+        # the last consistent point: what is due is served; from now on every handler runs at once (as stock)
+        self._serve_signals()
+        if self._deferral is not None:
+            self._deferral.finish()
 
     # ------------------------------------------------------------------ the end of a fit
     @override
@@ -214,8 +246,9 @@ class MidEpochResume(_CallbackBase):
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         # Lightning runs no teardown hook after an exception: give everything back here (the ranks may not all be
-        # here: no signal is served). Lightning's SIGTERM exception after every rank served SIGTERM at one point:
-        # every rank is here, and a checkpoint written now (OnExceptionCheckpoint) can hold every rank's states
+        # here: a signal noted is served as training is over). Lightning's SIGTERM exception after every rank served
+        # SIGTERM at one point: every rank is here, and a checkpoint written now (OnExceptionCheckpoint) can hold
+        # every rank's states
         together = (
             self._deferral is not None
             and signal.SIGTERM in self._deferral.served_together
@@ -229,7 +262,11 @@ class MidEpochResume(_CallbackBase):
 
     def _finish(self, ranks_together: bool = False) -> None:
         """Keep where the fit stopped, for a checkpoint written after it, and give the trainer its stock loops back."""
-        self._deferral = self._agree = None  # (the session gives the trainer its signal connector back)
+        if self._deferral is not None:
+            # the signals noted are served now; later ones at once (the signal connector's teardown gives the
+            # handlers back)
+            self._deferral.finish()
+            self._deferral = None
         if self._session is not None:
             self._final = self._session.saver.snapshot(ranks_together)
             self._session.uninstall()
@@ -248,3 +285,27 @@ class MidEpochResume(_CallbackBase):
         if self._session is None:
             return
         self._session.restorer.load_state_dict(state_dict)
+
+
+def _signal_numbers(signals: Iterable[int]) -> tuple[int, ...]:
+    """``checkpoint_signals`` as numbers, checked: signals of this platform that a handler can catch.
+
+    Example:
+        >>> import signal
+        >>> _signal_numbers([signal.SIGUSR2, signal.SIGUSR2]) == (signal.SIGUSR2,)
+        True
+
+    """
+    if isinstance(signals, (int, str)):
+        signals = [signals]
+    catchable = signal.valid_signals() - {getattr(signal, "SIGKILL", None), getattr(signal, "SIGSTOP", None)}
+    numbers: list[int] = []
+    for signum in signals:
+        if isinstance(signum, bool) or not isinstance(signum, int) or signum not in catchable:
+            raise ValueError(
+                f"`checkpoint_signals` takes signals a handler can catch on this platform (such as signal.SIGUSR2 or"
+                f" signal.SIGRTMIN + 1), got {signum!r}."
+            )
+        if int(signum) not in numbers:
+            numbers.append(int(signum))
+    return tuple(numbers)

@@ -697,11 +697,14 @@ def lightning_signal_handlers(connector: Any) -> dict[str, object]:
     return {"requeue": connector._slurm_sigusr_handler_fn, "sigterm": connector._sigterm_notifier_fn}
 
 
-def composed_handlers(handler: object) -> list[object]:
-    """The parts of a signal's handler: those Lightning composed into one (``_HandlersCompose``), or the handler."""
-    parts = getattr(handler, "signal_handlers", None)
-    if type(handler).__name__ == "_HandlersCompose" and isinstance(parts, list):
-        return parts
+def composed_handlers(handler: object, connector: object) -> list[object]:
+    """The parts of a signal's handler: those Lightning composed into one (``_HandlersCompose``), or the handler.
+
+    ``connector`` is the signal connector that registered it (its module defines the composition).
+    """
+    compose = importlib.import_module(type(connector).__module__)._HandlersCompose
+    if isinstance(handler, compose):
+        return list(handler.signal_handlers)
     return [handler]
 
 

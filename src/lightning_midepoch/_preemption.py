@@ -99,7 +99,7 @@ def checkpointing_handler(handler: object, connector: object, *, declared: bool,
         return False
     if declared:
         return True
-    parts = _compat.composed_handlers(handler)
+    parts = _compat.composed_handlers(handler, connector)
     known = _compat.lightning_signal_handlers(connector)
     return any(part == known["requeue"] or (ranks_exchange and part == known["sigterm"]) for part in parts)
 

@@ -104,10 +104,16 @@ class Trigger:
         callback: bool = True,
         record: tuple[str, ...] = (),
         kill_line: int | None = None,
+        kill_recorded: tuple[str, int] | None = None,
     ) -> None:
         self.callback = callback
         self.record = record  # record the lines run in files whose path contains one of these
         self.recorded: list[int] = []
+        self.recorded_names: list[str] = []  # the function each recorded line is in
+        # kill at the recorded line this many after the first one in this function (counted from there, they do not
+        # drift from run to run as the count of every line run does)
+        self.kill_recorded = kill_recorded
+        self.marker: int | None = None
         self.at, self.signum, self.job_dir, self.slurm, self.watch, self.grace = (
             at,
             signum,
@@ -147,6 +153,13 @@ class Trigger:
         self.lines += 1
         if self.record and any(part in frame.f_code.co_filename.replace(os.sep, "/") for part in self.record):
             self.recorded.append(self.lines)
+            self.recorded_names.append(frame.f_code.co_name)
+            if self.kill_recorded is not None:
+                if self.marker is None and frame.f_code.co_name == self.kill_recorded[0]:
+                    self.marker = len(self.recorded) - 1
+                if self.marker is not None and len(self.recorded) - 1 - self.marker >= self.kill_recorded[1]:
+                    sys.settrace(None)
+                    raise Killed
         if self.at < 0:  # the probe: where a delivery finds a handler (before Lightning's, the signal kills)
             handler = signal.getsignal(self.signum)
             if _deferred(handler) or (callable(handler) and (not self.callback or _lightnings(handler))):
@@ -256,7 +269,7 @@ def _trainer(config: Config, flow: Flow, job_dir: Path, callback: bool, extra: l
     callbacks: list[Any] = ([MidEpochResume(checkpoint_signals=declared)] if callback else []) + extra
     plugins = []
     if flow.name.startswith("slurm"):
-        plugins.append(SLURMEnvironment(auto_requeue=True, requeue_signal=signal.Signals(flow.signum)))
+        plugins.append(SLURMEnvironment(auto_requeue=True, requeue_signal=flow.signum))  # (real-time ones too)
     if flow.name == "sigterm":
         callbacks.append(OnExceptionCheckpoint(dirpath=job_dir))
     return L.Trainer(
@@ -294,6 +307,7 @@ def run_job(
     grace: int = 3000,
     record: tuple[str, ...] = (),
     kill_line: int | None = None,
+    kill_recorded: tuple[str, int] | None = None,
     extra_callbacks: tuple[Any, ...] = (),
 ) -> Job:
     """One job of ``flow``: with ``at``, the signal lands at that line and the job is stopped as the flow stops it."""
@@ -330,6 +344,7 @@ def run_job(
                         callback=callback,
                         record=record,
                         kill_line=kill_line,
+                        kill_recorded=kill_recorded,
                     )
                     with trigger:
                         trainer.fit(model, ckpt_path=ckpt_path)

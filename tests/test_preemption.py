@@ -6,6 +6,7 @@ The Trainer-level cases deliver the signal at a counted line of the main thread 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import random
@@ -322,16 +323,11 @@ def _newest_hpc_state(job_dir) -> str:
 
 
 #: the files that write a checkpoint into place: stock, fsspec's local transaction and shutil's move; with the
-#: callback, its own write beside the file (torch.save into a temporary file, a rename); and how many kills are
-#: spread over their lines
+#: callback, its own write beside the file (torch.save into a temporary file, a rename); the function each write
+#: starts in; and how many kills are spread over the lines of the write
 WRITE = {
-    False: ("fsspec/implementations/local.py", "/shutil.py"),
-    True: (
-        "torch/serialization.py",
-        "lightning_midepoch/_preemption.py",
-        "fsspec/implementations/local.py",
-        "/shutil.py",
-    ),
+    False: (("fsspec/implementations/local.py", "/shutil.py"), "move"),
+    True: (("torch/serialization.py", "lightning_midepoch/_preemption.py"), "save_checkpoint"),
 }
 KILLS = 12
 
@@ -360,6 +356,7 @@ def test_a_kill_while_the_hpc_checkpoint_is_written_never_leaves_a_truncated_new
     found = {}
     for callback in (True, False):
         signal_at = (_SignalAt(signal.SIGUSR1, 7),)
+        files, start = WRITE[callback]
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(tempfile, "tempdir", other)
             probe = chaos.run_job(
@@ -368,23 +365,120 @@ def test_a_kill_while_the_hpc_checkpoint_is_written_never_leaves_a_truncated_new
                 tmp_path / f"probe-{callback}",
                 callback=callback,
                 at=never,
-                record=WRITE[callback],
+                record=files,
                 extra_callbacks=signal_at,
             )
             assert probe.trigger is not None
-            writes = probe.trigger.recorded
-            assert writes, "the checkpoint's write ran no line of fsspec or shutil"
+            names = probe.trigger.recorded_names
+            assert start in names, f"the checkpoint's write ran no line of {files}"
+            # the write's lines, counted from its first (a count that does not drift from run to run)
+            first, last = names.index(start), len(names) - 1 - names[::-1].index(start)
             states = []
             for index in range(KILLS):
-                kill = writes[index * (len(writes) - 1) // (KILLS - 1)]
+                kill = (start, index * (last - first) // (KILLS - 1))
                 job_dir = tmp_path / f"kill-{callback}-{index}"
                 chaos.run_job(
-                    config, flow, job_dir, callback=callback, at=never, kill_line=kill, extra_callbacks=signal_at
+                    config,
+                    flow,
+                    job_dir,
+                    callback=callback,
+                    at=never,
+                    record=files,
+                    kill_recorded=kill,
+                    extra_callbacks=signal_at,
                 )
                 states.append(_newest_hpc_state(job_dir))
         found[callback] = states
     assert "truncated" not in found[True], found
     assert "truncated" in found[False], found  # the stock control: the harness does reach the copy
+
+
+class _TemporaryFolderAtSave(L.Callback):
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        self.seen.append(tempfile.gettempdir())
+
+
+@pytest.mark.slow
+def test_a_served_checkpoint_leaves_the_process_temporary_folder_as_it_is(slurm_job, tmp_path):
+    """SLURM's handler served at a batch's end writes its file beside it, yet every other thread of the process (a
+    logger, an asynchronous checkpoint writer) still makes its temporary files where it did."""
+    before = tempfile.gettempdir()
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    spy = _TemporaryFolderAtSave()
+    chaos.run_job(chaos.CONFIG, chaos.FLOWS["slurm"], job_dir, extra_callbacks=(_SignalAt(signal.SIGUSR1, 7), spy))
+    assert spy.seen == [before]
+    assert _newest_hpc_state(job_dir) == "whole"
+    assert not list(job_dir.glob("*.tmp"))
+
+
+class _SignalAfterTraining(L.Callback):
+    """Raises SLURM's signal in one of the hooks that follow training (after MidEpochResume's ``on_train_end``)."""
+
+    def __init__(self, hook: str) -> None:
+        self.hook = hook
+
+    def _maybe(self, hook: str) -> None:
+        if hook == self.hook:
+            signal.raise_signal(signal.SIGUSR1)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.hook == "on_exception" and trainer.global_step == 5:
+            raise RuntimeError("a user's error")
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._maybe("on_train_end")
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._maybe("on_exception")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hook", ["on_train_end", "on_exception"])
+def test_a_signal_after_training_reaches_its_handler_once(hook, slurm_job, tmp_path, monkeypatch):
+    """A callback after MidEpochResume uploading artifacts, or handling an exception: SLURM's signal there runs
+    Lightning's handler (one hpc checkpoint, one requeue), as stock Lightning's does. (Lightning gives the process its
+    handlers back before the callbacks' teardown hooks.)"""
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    monkeypatch.setenv("CHAOS_JOB_DIR", str(job_dir))
+    run = functools.partial(chaos.run_job, chaos.CONFIG, chaos.FLOWS["slurm"], job_dir)
+    if hook == "on_exception":
+        with pytest.raises(RuntimeError, match="a user's error"):
+            run(extra_callbacks=(_SignalAfterTraining(hook),))
+    else:
+        run(extra_callbacks=(_SignalAfterTraining(hook),))
+    assert sorted(path.name for path in job_dir.glob("hpc_ckpt_*.ckpt")) == ["hpc_ckpt_1.ckpt"]
+    assert len((job_dir / "requeued").read_text().splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(signal, "SIGRTMIN"), reason="no real-time signals on this platform")
+def test_a_real_time_requeue_signal_is_served_and_resumes_exactly(slurm_job, tmp_path, monkeypatch):
+    """``SLURMEnvironment(requeue_signal=SIGRTMIN + 2)`` (``#SBATCH --signal=RTMIN+2@90``): served at the batch's end,
+    one hpc checkpoint, and the requeued job continues exactly."""
+    flow, config = chaos.Flow("slurm-rt", signal.SIGRTMIN + 2, "hpc"), chaos.CONFIG
+    previous = signal.signal(flow.signum, signal.SIG_DFL)
+    try:
+        full = chaos.uninterrupted(config, flow, tmp_path / "full")
+        job_dir = tmp_path / "job"
+        job_dir.mkdir()
+        monkeypatch.setenv("CHAOS_JOB_DIR", str(job_dir))
+        first = chaos.run_job(config, flow, job_dir, extra_callbacks=(_SignalAt(flow.signum, 7),))
+        ckpt_path, source = chaos._resume_checkpoint(flow, job_dir)
+        assert source is not None
+        assert source.name == "hpc_ckpt_1.ckpt"
+        trained = torch.load(source, weights_only=False)["chaos_trained"]
+        second = chaos.run_job(config, flow, job_dir, ckpt_path=ckpt_path, seed=2)
+    finally:
+        signal.signal(flow.signum, previous)
+    assert first.result is not None
+    assert second.result is not None
+    assert first.result.model.seen[:trained] + second.result.model.seen == full.model.seen
+    chaos.assert_same_state(full, second.result)
 
 
 class _SignalAgainWhileSaving(L.Callback):

@@ -94,7 +94,7 @@ UPSTREAM_PYTEST = cd $(1)/tests/tests_pytorch && PYTHONPATH=$(1)/src:$(CURDIR)/t
 	--junitxml=$(UPSTREAM_RESULTS)/$(3).xml > $(UPSTREAM_RESULTS)/$(3).log 2>&1; \
 	tail -n 1 $(UPSTREAM_RESULTS)/$(3).log; test -s $(UPSTREAM_RESULTS)/$(3).xml
 
-.PHONY: venv demo test test-workers corpus fuzz chaos lint compat strategies lightning-suite lightning-next upstream-suite upstream-check docs bench bench-gather mutation dist dist-check pythons compile-pythons floor clean
+.PHONY: venv demo test test-workers corpus fuzz chaos lint compat strategies lightning-suite lightning-next upstream-suite upstream-check upstream-tree upstream-patches docs bench bench-gather mutation dist dist-check pythons compile-pythons floor clean
 
 $(STAMP): requirements/*.txt pyproject.toml src/lightning_midepoch/__about__.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -295,6 +295,32 @@ lightning-next:  ## the Trainer-level tests on Lightning's master (LIGHTNING_REP
 		| tee $(NEXT_OUT)/versions.txt
 	$(NEXT_VENV)/bin/python -m pytest $(NEXT_TESTS) $(XDIST) -q -p no:cacheprovider --color=no -rfE \
 		> $(NEXT_OUT)/tests.log 2>&1; status=$$?; tail -n 25 $(NEXT_OUT)/tests.log; exit $$status
+
+# `make upstream-tree`: the series as commits to edit. A git checkout of Lightning's UPSTREAM_TAG in UPSTREAM_TREE,
+# tagged `upstream-base`, with UPSTREAM_PATCHES/*.patch applied as one commit each (`git am`). Change it with git
+# (`git rebase -i upstream-base`, `git commit --fixup`, new commits), then `make upstream-patches` writes the commits
+# after `upstream-base` back into UPSTREAM_PATCHES (the old *.patch files removed first). The master series:
+# `make upstream-tree upstream-patches UPSTREAM_TAG=master UPSTREAM_PATCHES=upstream/master` (upstream/README.md).
+UPSTREAM_TREE ?= upstream-tree/$(UPSTREAM_TAG)
+UPSTREAM_GIT = git -C $(UPSTREAM_TREE) -c user.name=upstream-tree -c user.email=upstream-tree@localhost
+
+upstream-tree:  ## Lightning's UPSTREAM_TAG with the series as commits, in UPSTREAM_TREE (edit it there)
+	@test ! -e $(UPSTREAM_TREE) || { echo "$(UPSTREAM_TREE) exists: write it back (make upstream-patches) or remove it"; exit 2; }
+	@ls $(UPSTREAM_PATCHES)/*.patch > /dev/null 2>&1 || { echo "no patch series: $(UPSTREAM_PATCHES)/*.patch"; exit 2; }
+	$(PYTHON) tests/lightning_suite/upstream.py tree $(LIGHTNING_REPO) $(UPSTREAM_TAG) $(abspath $(UPSTREAM_TREE)) --git
+	$(UPSTREAM_GIT) tag upstream-base
+	$(UPSTREAM_GIT) am --quiet --committer-date-is-author-date $(abspath $(UPSTREAM_PATCHES))/*.patch
+	$(UPSTREAM_GIT) log --oneline upstream-base..HEAD
+
+upstream-patches:  ## write the commits of UPSTREAM_TREE after upstream-base back into UPSTREAM_PATCHES/*.patch
+	@test -d $(UPSTREAM_TREE)/.git || { echo "no $(UPSTREAM_TREE): make upstream-tree first"; exit 2; }
+	@test -z "$$($(UPSTREAM_GIT) status --porcelain --untracked-files=no)" || \
+		{ echo "$(UPSTREAM_TREE) has uncommitted changes: commit them first"; exit 2; }
+	rm -f $(UPSTREAM_PATCHES)/*.patch
+	$(UPSTREAM_GIT) format-patch --quiet --no-signature --zero-commit --abbrev=10 \
+		-o $(abspath $(UPSTREAM_PATCHES)) upstream-base..HEAD
+	@$(UPSTREAM_GIT) log --reverse --format=%s upstream-base..HEAD | while read -r subject; do echo "  $$subject"; done
+	@$(PYTHON) tests/lightning_suite/upstream.py counts $(UPSTREAM_PATCHES)/*.patch
 
 # `make upstream-check`: the Trainer-level resume tests of tests/upstream on the lightning wheel (ci.txt's release)
 # with the src/lightning/ part of every UPSTREAM_PATCHES/*.patch applied (tools/apply_upstream.py: the release

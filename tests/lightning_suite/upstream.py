@@ -8,6 +8,9 @@ out and named. With ``--git``, ``DEST`` becomes a git work tree of its own: one 
 patch, to the tree as it is (each patch checked together with the ones before it, nothing written), prints the result
 for each, and only then applies the series in order (``git apply --index``). Exit status 1 if a patch does not apply.
 
+``python upstream.py counts PATCH...`` prints, per patch, the lines it changes (added and removed) under ``src/``
+(``CHANGELOG.md`` files left out), in the tests and elsewhere: a reviewer's measure of its size.
+
 ``python upstream.py tests TREE PATCH...`` prints the test files of ``tests/tests_pytorch`` that the series adds or
 changes (from the patches' diff headers; removed files left out), relative to ``TREE/tests/tests_pytorch``.
 """
@@ -183,6 +186,47 @@ def list_tests(tree: Path, patches: Sequence[Path]) -> int:
     return 0
 
 
+def count_lines(patch: str) -> dict[str, tuple[int, int]]:
+    """Added and removed lines per part (``src``: under ``src/`` without ``CHANGELOG.md``; ``tests``; ``other``).
+
+    >>> count_lines(
+    ...     "diff --git a/src/x.py b/src/x.py\\n--- a/src/x.py\\n+++ b/src/x.py\\n@@ -1 +1,2 @@\\n-a\\n+b\\n+c\\n"
+    ...     "diff --git a/src/CHANGELOG.md b/src/CHANGELOG.md\\n--- a/src/CHANGELOG.md\\n+++ b/src/CHANGELOG.md\\n"
+    ...     "@@ -1 +1,2 @@\\n x\\n+- y\\n"
+    ... )
+    {'src': (2, 1), 'tests': (0, 0), 'other': (1, 0)}
+    """
+    counts = {"src": [0, 0], "tests": [0, 0], "other": [0, 0]}
+    part = ""  # before the first file's diff: the commit message
+    in_header = False
+    for line in patch.splitlines():
+        if line.startswith("diff --git "):
+            path = line.rsplit(" b/", 1)[-1]
+            if path.startswith("src/") and not path.endswith("CHANGELOG.md"):
+                part = "src"
+            else:
+                part = "tests" if path.startswith("tests/") else "other"
+            in_header = True
+        elif line.startswith("@@"):
+            in_header = False
+        elif not part:
+            continue
+        elif not in_header and line.startswith("+"):
+            counts[part][0] += 1
+        elif not in_header and line.startswith("-") and line != "-- ":
+            counts[part][1] += 1
+    return {name: (added, removed) for name, (added, removed) in counts.items()}
+
+
+def print_counts(patches: Sequence[Path]) -> int:
+    """Print each patch's changed lines of ``src/``, the tests and the rest."""
+    for patch in patches:
+        counts = count_lines(patch.read_text(encoding="utf-8"))
+        parts = ", ".join(f"{name} {a + r} (+{a} -{r})" for name, (a, r) in counts.items())
+        print(f"  {patch.name}: {parts}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one of the sub-commands ``tree``, ``apply`` and ``tests``."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
@@ -192,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     tree.add_argument("rev")
     tree.add_argument("dest", type=Path)
     tree.add_argument("--git", action="store_true", help="make the folder a git work tree (one commit)")
+    counts = commands.add_parser("counts", help="the lines each patch changes")
+    counts.add_argument("patches", type=Path, nargs="+")
     for name, text in (("apply", "check, then apply, a patch series"), ("tests", "list the series' test files")):
         command = commands.add_parser(name, help=text)
         command.add_argument("tree", type=Path)
@@ -199,6 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "tree":
         return export_tree(args.repo, args.rev, args.dest, args.git)
+    if args.command == "counts":
+        return print_counts(args.patches)
     if args.command == "apply":
         return apply_series(args.tree, args.patches)
     return list_tests(args.tree, args.patches)

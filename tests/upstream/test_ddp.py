@@ -85,7 +85,8 @@ def _saved_ranks(checkpoint: dict[str, Any]) -> list:
     fit_loop = checkpoint["loops"]["fit_loop"]["state_dict"]
     if DELIVERY == "lightning":
         assert "MidEpochResume" not in checkpoint["callbacks"], "no callback is attached in the lightning delivery"
-        return fit_loop["train_order"]["ranks"]
+        ranks = fit_loop["train_order"]["ranks"]  # by global rank, each with its process-wide random states
+        return [{"rng": ranks[rank]["random_states"]} for rank in sorted(ranks)]
     assert "train_order" not in fit_loop, "stock Lightning (the callback delivery) saves no train order"
     return checkpoint["callbacks"]["MidEpochResume"]["ranks"]
 

@@ -185,10 +185,13 @@ class RepeatingBatches:
 class ReusingLoader(DataLoader):
     """Starts its workers once, in ``__init__``, and hands out ``len(self)`` batches of that one iterator per epoch."""
 
+    made: list[ReusingLoader] = []  # (the test stops their workers at its end)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         object.__setattr__(self, "batch_sampler", RepeatingBatches(self.batch_sampler))
         self.iterator = super().__iter__()
+        ReusingLoader.made.append(self)
 
     def __len__(self) -> int:
         return len(self.batch_sampler.batch_sampler)
@@ -225,6 +228,8 @@ def test_a_loader_reusing_the_iterator_of_its_init_never_waits_and_its_resume_is
     assert any(STOCK_WARNING in message for message in stock_warned)
     assert any("Train dataloader 0 is left to Lightning" in m and "ReusingLoader" in m for m in warned)
     assert [(epoch, batch) for epoch, batch, _ in ours.seen] == [(epoch, batch) for epoch, batch, _ in stock.seen]
+    while ReusingLoader.made:  # the pattern's workers live as long as their loader: stop them here
+        ReusingLoader.made.pop().iterator._shutdown_workers()
 
 
 # ---------------------------------------------------------------------------------------------- numpy's bit generator

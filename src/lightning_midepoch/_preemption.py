@@ -104,6 +104,11 @@ def checkpointing_handler(handler: object, connector: object, *, declared: bool,
     return any(part == known["requeue"] or (ranks_exchange and part == known["sigterm"]) for part in parts)
 
 
+def _no_context(apart: bool) -> AbstractContextManager[Any]:
+    """How a handler runs where nothing is asked of it: as it is (a function, not a lambda: it pickles)."""
+    return contextlib.nullcontext()
+
+
 class SignalDeferral:
     """Holds the handlers that checkpoint, serves them at consistent points, and at once when training is over.
 
@@ -130,7 +135,7 @@ class SignalDeferral:
     """
 
     def __init__(self, serving: Serving | None = None) -> None:
-        self.serving_context: Serving = serving if serving is not None else (lambda apart: contextlib.nullcontext())
+        self.serving_context: Serving = serving if serving is not None else _no_context
         self.handlers: dict[int, Handler] = {}  # the handlers deferred, by signal
         self.pending: list[tuple[int, FrameType | None]] = []  # received, not served yet: the signal and its frame
         self.exchanging = False  # under DDP, every rank serves what the ranks agreed on (SharedSignalCheck)

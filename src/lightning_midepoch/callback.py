@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import signal
@@ -148,7 +149,9 @@ class MidEpochResume(_CallbackBase):
         self._final = None
         self._session = _Session(trainer, self.on_mismatch, self.verify_batch)
         self._session.install()
-        self._deferral = SignalDeferral(lambda apart: self._serving(trainer, apart))
+        # a partial, not a lambda: whatever pickles or copies the trainer (a loader copied during fit reaches it)
+        # reaches the deferral too
+        self._deferral = SignalDeferral(functools.partial(self._serving, trainer))
         self._session.defer_signals(self._deferral, self.checkpoint_signals)
 
     # ------------------------------------------------------------------ pre-emption

@@ -317,6 +317,11 @@ class Config:
         return full
 
 
+#: the first words of the warning given on a Lightning release the callback was not checked against (`make
+#: lightning-next`): about the release, not about a resume
+UNCHECKED_RELEASE = ("lightning-midepoch has not been checked against", "lightning-midepoch supports")
+
+
 class Model(L.LightningModule):
     def __init__(self, config: Config) -> None:
         super().__init__()

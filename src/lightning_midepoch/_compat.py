@@ -507,8 +507,9 @@ def workers_started(loader: Any) -> bool:
 class _IteratorCreation:
     """A DataLoader's ``_get_iterator`` while its worker states are recorded.
 
-    A plain object, so that the loader can still be pickled or deep-copied during ``fit`` (a copy records into memory
-    of its own, which nothing reads).
+    A copy of the loader made during ``fit`` (pickled, deep-copied) is the user's own, as without the callback: it
+    creates its iterators as stock does, and does not carry the recording, which reaches the trainer (Lightning's
+    master keeps the process's signal handlers there, which do not pickle).
     """
 
     def __init__(self, loader: Any, wrapper: Callable[[Callable[[], Any]], Any]) -> None:
@@ -516,6 +517,19 @@ class _IteratorCreation:
 
     def __call__(self) -> Any:
         return self.wrapper(type(self.loader)._get_iterator.__get__(self.loader))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _StockIteratorCreation, (self.loader,)
+
+
+class _StockIteratorCreation:
+    """A copied loader's ``_get_iterator``: the stock one (see :class:`_IteratorCreation`)."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __call__(self) -> Any:
+        return type(self.loader)._get_iterator(self.loader)
 
 
 def wrap_iterator_creation(loader: Any, wrapper: Callable[[Callable[[], Any]], Any]) -> None:

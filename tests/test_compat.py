@@ -1,26 +1,20 @@
-"""The supported-Lightning check, and the one place private Lightning names are used."""
+"""The supported-Lightning check and the accessors of Lightning's private names (the names: test_private.py)."""
 
 from __future__ import annotations
 
-import ast
 import functools
 import importlib
 import importlib.util
-import inspect
 import re
 import warnings
-import zipfile
-from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import lightning
 import lightning.pytorch as pl_new
 import pytest
 
 from conftest import require
-from lightning_midepoch import _compat, _fingerprints
-from lightning_midepoch._mixin import OWN_ATTRIBUTE_PREFIX
+from lightning_midepoch import _compat, _fingerprints, _private
 
 
 def _trainer() -> pl_new.Trainer:
@@ -115,144 +109,6 @@ def test_check_fetcher_names_what_is_missing():
         _compat.check_fetcher(fetcher)
 
 
-# ---------------------------------------------------------------------------------------------- private names
-ROOT = Path(__file__).resolve().parents[1]
-SOURCES = sorted((Path(_compat.__file__).parent).glob("*.py"))
-MIXINS = ("_ResumableFitLoop", "_ResumableTrainingEpochLoop", "_ResumableDataFetcher")
-
-
-def _listed() -> set[str]:
-    names = {name for attributes in _compat.REQUIRED_ATTRIBUTES.values() for name in attributes}
-    for group in (
-        _compat.REQUIRED_FETCHER_ATTRIBUTES,
-        _compat.OPTIONAL_FETCHER_ATTRIBUTES,
-        _compat.REQUIRED_COMBINED_LOADER_ATTRIBUTES,
-        _compat.REQUIRED_MODULE_ATTRIBUTES,
-        _compat.OTHER_PRIVATE_NAMES,
-    ):
-        names.update(group)
-    return names
-
-
-def _private(name: str) -> bool:
-    return name.startswith("_") and not name.startswith("__") and not name.startswith(OWN_ATTRIBUTE_PREFIX)
-
-
-def _defined_and_used(tree: ast.Module) -> tuple[set[str], dict[str, int]]:
-    """Private names the module defines (functions, classes, constants, what ``__init__`` sets) and those it reads
-    as attributes, imports from other packages, or names in ``getattr``/``hasattr``/``vars()[...]`` (with a line)."""
-    defined: set[str] = set()
-    used: dict[str, int] = {}
-
-    def visit(node: ast.AST, scope: str, function: str) -> None:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            if scope in MIXINS:  # a mixin's private method overrides Lightning's
-                used.setdefault(node.name, node.lineno)
-            else:
-                defined.add(node.name)
-            inner = node.name if isinstance(node, ast.ClassDef) else scope
-            for child in ast.iter_child_nodes(node):
-                visit(child, inner, node.name if not isinstance(node, ast.ClassDef) else "")
-            return
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            if scope in MIXINS and not function:  # a mixin's class attribute (a property, say) overrides Lightning's
-                used.setdefault(node.id, node.lineno)
-            else:
-                defined.add(node.id)
-        elif isinstance(node, ast.Attribute):
-            if isinstance(node.ctx, ast.Store) and function == "__init__" and scope not in MIXINS:
-                defined.add(node.attr)
-            else:
-                used.setdefault(node.attr, node.lineno)
-        elif isinstance(node, ast.ImportFrom):
-            for alias in node.names:
-                if (node.module or "").startswith("lightning_midepoch"):
-                    defined.add(alias.asname or alias.name)
-                else:
-                    used.setdefault(alias.name, node.lineno)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _NAMED_BY_STRING:
-            if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
-                used.setdefault(node.args[1].value, node.lineno)
-        elif isinstance(node, ast.Subscript) and _is_namespace(node.value) and isinstance(node.slice, ast.Constant):
-            used.setdefault(str(node.slice.value), node.lineno)
-        for child in ast.iter_child_nodes(node):
-            visit(child, scope, function)
-
-    visit(tree, "", "")
-    return {name for name in defined if _private(name)}, {k: v for k, v in used.items() if _private(k)}
-
-
-_NAMED_BY_STRING = ("getattr", "hasattr", "setattr", "delattr")
-
-
-def _is_namespace(node: ast.AST) -> bool:
-    """``vars(obj)`` or ``obj.__dict__``: a subscript of it names an attribute."""
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-        return node.func.id == "vars"
-    return isinstance(node, ast.Attribute) and node.attr == "__dict__"
-
-
-def _scan() -> tuple[set[str], dict[str, list[str]]]:
-    trees = {path.name: ast.parse(path.read_text(encoding="utf-8")) for path in SOURCES}
-    ours: set[str] = set()
-    uses: dict[str, list[str]] = {}
-    for name, tree in trees.items():
-        defined, used = _defined_and_used(tree)
-        ours |= defined
-        for attribute, line in used.items():
-            uses.setdefault(attribute, []).append(f"{name}:{line}")
-    return ours, uses
-
-
-def test_every_private_lightning_name_used_is_listed_in_compat():
-    """A private name read from another package (Lightning, torch, Python) anywhere in src/ is listed in _compat."""
-    ours, uses = _scan()
-    unlisted = {name: where for name, where in uses.items() if name not in ours and name not in _listed()}
-    assert not unlisted, f"private names used but not listed in _compat.py: {unlisted}"
-
-
-def test_every_listed_private_name_is_used():
-    """No stale entries: each private name _compat lists is read somewhere in src/ (a listing is not a use)."""
-    _, uses = _scan()
-    stale = sorted(name for name in _listed() if _private(name) and name not in uses)
-    assert not stale, f"listed in _compat.py but not used: {stale}"
-
-
-def test_the_scan_finds_a_private_lightning_name():
-    """The scan itself: a read of a Lightning private attribute and a getattr by string are found; ours are not."""
-    source = (
-        "class Ours:\n"
-        "    def __init__(self):\n"
-        "        self._mine = 1\n"
-        "    def _helper(self):\n"
-        "        return self._mine\n"
-        "def use(trainer):\n"
-        "    trainer.fit_loop._some_private_thing\n"
-        "    return getattr(trainer, '_another', None), vars(trainer)['_third']\n"
-    )
-    defined, used = _defined_and_used(ast.parse(source))
-    assert {"_mine", "_helper"} <= defined
-    assert {"_some_private_thing", "_another", "_third"} <= set(used) - defined
-
-
-# ---------------------------------------------------------------------------------------------- stock methods
-PACKAGES = ("lightning.pytorch", "pytorch_lightning")
-
-
-@pytest.mark.parametrize("package", PACKAGES)
-def test_installed_stock_methods_are_the_checked_ones(package):
-    assert _compat.changed_methods(package) == []
-
-
-@pytest.mark.parametrize("package", PACKAGES)
-@pytest.mark.parametrize("path", _compat.CHECKED_METHODS)
-def test_a_method_fingerprints_alike_imported_and_read_from_its_file(package, path):
-    """What the check computes from the live class is what tools/fingerprints.py computes from a release's wheel."""
-    module_name, qualname = path.split(":")
-    module = importlib.import_module(f"{package}.{module_name}")
-    assert _compat.live_fingerprint(module, qualname) == _compat.source_fingerprint(inspect.getsource(module), qualname)
-
-
 def _changed_on_run_start(self, data_fetcher):
     """Like the stock method, plus one line: a release that changed it."""
     if self.trainer.current_epoch > 0 and not self.restarting:
@@ -326,7 +182,7 @@ def test_a_trainer_without_a_name_the_overrides_use_is_left_to_lightning(monkeyp
     """The callback steps aside, with a warning: the fit is stock Lightning's, its resume too (with stock's warning)."""
     from harness import Config, CrashPoint, interrupt_and_resume
 
-    monkeypatch.setitem(_compat.REQUIRED_ATTRIBUTES, "fit_loop", ("_no_such_attribute",))
+    monkeypatch.setitem(_private.REQUIRED_ATTRIBUTES, "fit_loop", ("_no_such_attribute",))
     config = Config(max_epochs=2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -355,53 +211,6 @@ def test_the_note_turns_the_warning_into_information(problem, monkeypatch):
         assert _compat.check_supported(_trainer()) == ""
     assert len(told) == 1
     assert f"{_compat.UNVERIFIED_ENV}=1" in told[0]
-
-
-def test_every_checked_method_has_recorded_fingerprints():
-    """The checked methods and the generated fingerprints agree (re-run tools/fingerprints.py after a change)."""
-    assert list(_fingerprints.FINGERPRINTS) == list(_compat.CHECKED_METHODS)
-
-
-def test_the_tool_records_a_release_from_its_wheel(tmp_path):
-    """tools/fingerprints.py over a wheel made of the installed release's files records its fingerprints."""
-    tool = _load_tool()
-    wheel = tmp_path / f"lightning-{lightning.__version__}-py3-none-any.whl"
-    root = Path(lightning.__file__).parent
-    with zipfile.ZipFile(wheel, "w") as archive:
-        for path in {path.split(":")[0] for path in _compat.CHECKED_METHODS}:
-            relative = Path("pytorch", *path.split(".")).with_suffix(".py")
-            archive.write(root / relative, f"lightning/{relative.as_posix()}")
-    older = tmp_path / "lightning-2.4.0-py3-none-any.whl"  # outside the range: skipped
-    older.write_bytes(b"")
-    output = tmp_path / "fingerprints.py"
-    assert tool.main([str(wheel), str(older), "--output", str(output)]) == 0
-    recorded: dict[str, object] = {}
-    exec(output.read_text(), recorded)
-    assert recorded["CHECKED"] == f"checked: {lightning.__version__}"
-    for path in _compat.CHECKED_METHODS:
-        module_name, qualname = path.split(":")
-        live = _compat.live_fingerprint(importlib.import_module(f"lightning.pytorch.{module_name}"), qualname)
-        assert recorded["FINGERPRINTS"][path] == {live: lightning.__version__}  # type: ignore[index]
-
-
-def _load_tool() -> Any:
-    spec = importlib.util.spec_from_file_location("fingerprints_tool", ROOT / "tools" / "fingerprints.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_unsaved_buffer_of_a_hugging_face_iterable_dataset():
-    datasets = require("datasets")
-    plain = datasets.Dataset.from_dict({"i": list(range(10))}).to_iterable_dataset(num_shards=2)
-    assert _compat.unsaved_buffer(plain) is None
-    assert _compat.unsaved_buffer(plain.shuffle(seed=1, buffer_size=4)) == "a shuffle buffer of 4 examples"
-    mapped = plain.shuffle(seed=1, buffer_size=3).map(lambda row: {"j": row["i"] + 1})
-    assert _compat.unsaved_buffer(mapped) == "a shuffle buffer of 3 examples"
-    interleaved = datasets.interleave_datasets([plain, plain.shuffle(seed=1, buffer_size=5)])
-    assert _compat.unsaved_buffer(interleaved) == "a shuffle buffer of 5 examples"
 
 
 def test_a_missing_test_dependency_fails_under_make_test_and_is_skipped_elsewhere(monkeypatch):

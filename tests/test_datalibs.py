@@ -19,6 +19,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
 from conftest import require
 from harness import Config, CrashPoint, IndexedDataset, Model, assert_exact, checkpoint_path, interrupt_and_resume, run
+from lightning_midepoch import _datalibs
 
 MID = CrashPoint("train_batch_end", epoch=1, batch=3)
 LAST = CrashPoint("train_batch_end", epoch=1, batch=9)  # the last of the 10 batches of an epoch of 20 samples
@@ -267,3 +268,14 @@ def test_a_pass_start_of_a_hugging_face_iterable_in_a_stateful_loader_warns_when
     full = run(config, tmp_path / "full")
     resumed = run(config, tmp_path / "resumed", ckpt_path=checkpoint_path(tmp_path / "interrupted", crash), seed=2)
     assert resumed.seen[0][2] == full.seen[1][2]
+
+
+def test_unsaved_buffer_of_a_hugging_face_iterable_dataset():
+    datasets = require("datasets")
+    plain = datasets.Dataset.from_dict({"i": list(range(10))}).to_iterable_dataset(num_shards=2)
+    assert _datalibs.unsaved_buffer(plain) is None
+    assert _datalibs.unsaved_buffer(plain.shuffle(seed=1, buffer_size=4)) == "a shuffle buffer of 4 examples"
+    mapped = plain.shuffle(seed=1, buffer_size=3).map(lambda row: {"j": row["i"] + 1})
+    assert _datalibs.unsaved_buffer(mapped) == "a shuffle buffer of 3 examples"
+    interleaved = datasets.interleave_datasets([plain, plain.shuffle(seed=1, buffer_size=5)])
+    assert _datalibs.unsaved_buffer(interleaved) == "a shuffle buffer of 5 examples"

@@ -1,7 +1,7 @@
 """Record the fingerprints of the stock methods lightning-midepoch checks, from the wheels of Lightning releases.
 
-``_compat.check_supported`` refuses a Lightning whose checked methods (``_compat.CHECKED_METHODS``) differ from
-those of every release recorded in ``src/lightning_midepoch/_fingerprints.py``. When Lightning publishes a release
+``_compat.check_supported`` warns about a Lightning whose checked methods (``_source_check.CHECKED_METHODS``) differ
+from those of every release recorded in ``src/lightning_midepoch/_fingerprints.py``. When Lightning publishes a release
 in the supported range, download its wheels and re-run this script over *all* the wheels of the range:
 
     pip download --no-deps --only-binary=:all: -d /tmp/wheels lightning==2.6.7 pytorch-lightning==2.6.7
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from lightning_midepoch import _compat
+from lightning_midepoch import _compat, _source_check
 
 OUTPUT = Path(__file__).resolve().parents[1] / "src" / "lightning_midepoch" / "_fingerprints.py"
 #: where each distribution keeps its trainer package
@@ -68,10 +68,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         releases[distribution].add(version)
         with zipfile.ZipFile(wheel) as archive:
-            for path in _compat.CHECKED_METHODS:
+            for path in _source_check.CHECKED_METHODS:
                 module, qualname = path.split(":")
                 source = archive.read(f"{ROOTS[distribution]}/{module.replace('.', '/')}.py").decode()
-                found[path][_compat.source_fingerprint(source, qualname)][distribution].add(version)
+                found[path][_source_check.source_fingerprint(source, qualname)][distribution].add(version)
     every = sorted(set().union(*releases.values()))
     if not every:
         parser.error("no wheel of the supported range given")
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     lines.append("#: The releases read, as the error message names them.")
     lines.append(f'CHECKED = "checked: {spans(every, every)}"\n')
     lines.append("FINGERPRINTS: dict[str, dict[str, str]] = {")
-    for path in _compat.CHECKED_METHODS:
+    for path in _source_check.CHECKED_METHODS:
         lines.append(f'    "{path}": {{')
         for value, where in found[path].items():
             if len(where) == len(releases) and len({frozenset(versions) for versions in where.values()}) == 1:

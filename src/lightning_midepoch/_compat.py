@@ -1,23 +1,20 @@
-"""Every private Lightning name this package relies on, and the check that the installed Lightning has them.
+"""Accessors for the private names of Lightning and torch, and the check that the installed Lightning has them.
 
-The loop and fetcher overrides in :mod:`lightning_midepoch._loops` and :mod:`lightning_midepoch._fetchers` are
-written against the private attributes listed here. They are checked on the trainer's own objects when the callback
-is set up, so that an unsupported Lightning fails with one clear message instead of an ``AttributeError`` deep inside
-a training loop. Both namespaces (``lightning.pytorch`` and ``pytorch_lightning``) are served: whatever is needed is
-looked up in the namespace the trainer comes from, never imported from one the user may not have installed.
+The loop and fetcher overrides in :mod:`lightning_midepoch._loops` and :mod:`lightning_midepoch._fetchers` reach
+Lightning's private attributes through the functions here. The names are listed in :mod:`lightning_midepoch._private`
+and checked on the trainer's own objects when the callback is set up (:func:`check_supported`), so that an unsupported
+Lightning fails with one clear message instead of an ``AttributeError`` deep inside a training loop. Both namespaces
+(``lightning.pytorch`` and ``pytorch_lightning``) are served: whatever is needed is looked up in the namespace the
+trainer comes from, never imported from one the user may not have installed.
 
-A name that is still there can still mean something else: the stock methods the overrides replace, call or copy
-(:data:`CHECKED_METHODS`) are also compared, by a fingerprint of their source, with those of every release in the
-supported range (recorded in :mod:`lightning_midepoch._fingerprints` by ``tools/fingerprints.py``). A release that
-changed one of them runs with a warning naming what differs (``LIGHTNING_MIDEPOCH_UNVERIFIED=1`` makes it an
-informational message); a trainer that lacks a name the overrides use is left to Lightning (the callback steps aside
-for that fit, with a warning). A fit is never refused.
+A release that changed a stock method the overrides rely on (:mod:`lightning_midepoch._source_check`) runs with a
+warning naming what differs (``LIGHTNING_MIDEPOCH_UNVERIFIED=1`` makes it an informational message); a trainer that
+lacks a name the overrides use is left to Lightning (the callback steps aside for that fit, with a warning). A fit is
+never refused.
 """
 
 from __future__ import annotations
 
-import ast
-import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -26,12 +23,19 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from packaging.version import Version
 
 from lightning_midepoch import _fingerprints
+from lightning_midepoch._private import (
+    REQUIRED_ATTRIBUTES,
+    REQUIRED_COMBINED_LOADER_ATTRIBUTES,
+    REQUIRED_FETCHER_ATTRIBUTES,
+    SIGTERM_EXCHANGE,
+    TORCH_PRIVATE_NAMES,
+)
+from lightning_midepoch._source_check import changed_methods
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -42,164 +46,11 @@ SUPPORTED_MIN = Version("2.5.0")
 SUPPORTED_BELOW = Version("2.7.0")
 SUPPORTED_RANGE = f">={SUPPORTED_MIN},<{SUPPORTED_BELOW}"
 
-#: Private attributes used, per object, checked on the live trainer before anything is installed.
-REQUIRED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
-    "trainer": ("_checkpoint_connector", "_accelerator_connector", "_signal_connector"),
-    "checkpoint_connector": ("_loaded_checkpoint",),
-    "fit_loop": (
-        "_data_fetcher",
-        "_restarting",
-        "_combined_loader",
-        "_last_train_dl_reload_epoch",
-        "epoch_progress",
-        "restarted_mid_epoch",
-        "restarted_on_epoch_end",
-        "restarted_on_epoch_start",
-        "update_restart_stage",
-        "restarting",
-        "setup_data",
-        "load_state_dict",
-        "on_advance_start",
-        "on_advance_end",
-        "reset",
-    ),
-    "epoch_loop": (
-        "_batches_that_stepped",
-        "_should_accumulate",
-        "_num_ready_batches_reached",
-        "_should_check_val_fx",
-        "batch_progress",
-        "restarted_on_train_batch_end",
-        "reset_restart_stage",
-        "val_loop",
-        "on_run_start",
-        "advance",
-        "reset",
-    ),
-    "val_loop": ("increment_progress_to_evaluation_end",),
-    # the override that defers the signal handlers it registers, and the handlers it recognises
-    # (lightning_midepoch._preemption)
-    "signal_connector": (
-        "register_signal_handlers",
-        "teardown",
-        "trainer",
-        "received_sigterm",
-        "_slurm_sigusr_handler_fn",
-        "_sigterm_notifier_fn",
-    ),
-}
-
-#: The epoch loop's exchange of rank 0's SIGTERM flag at each training batch under DDP (Lightning 2.5.2 and later):
-#: the pre-emption code stands in for it on one trainer (lightning_midepoch._preemption.SharedSignalCheck).
-SIGTERM_EXCHANGE = "_broadcast_sigterm_tensor"
-
-#: Private names of the fetchers and combined_loader modules (checked with the fetcher).
-REQUIRED_MODULE_ATTRIBUTES = ("_DataLoaderIterDataFetcher", "_SUPPORTED_MODES")
-
-#: Private names used on objects the checks above cannot reach before training (Lightning's, torch's and Python's).
-OTHER_PRIVATE_NAMES = (
-    "_DataFetcher",  # the base of the fetcher override (annotations only)
-    "_FitLoop",  # the base of the fit loop override (annotations only)
-    "_TrainingEpochLoop",  # the base of the epoch loop override (annotations only)
-    "_iterator",  # the CombinedLoader's mode iterator, and a DataLoader's persistent-workers iterator
-    "_idx",  # the CombinedLoader mode iterator's batch index
-    "_reconstructor",  # copyreg's: how a stock loop object pickles
-    "_ex_iterable",  # Hugging Face datasets' IterableDataset: its chain of example iterables (unsaved_buffer)
-    "_get_iterator",  # torch's DataLoader: creates a new iterator (and its workers); persistent workers reuse theirs
-    "_send_idx",  # torch's multi-process DataLoader iterator: the batches handed to the workers in this pass
-    "_process_data",  # ... called with each batch it returns and the id of the worker that produced it
-    "_starting_state_dict",  # ... the state it loaded, applied at every pass of its epoch (forget_restored_position)
-    "_combined_loader_states_to_load",  # the fit loop's stateful loader states, until it loads them
-    "_load_state_dicts",  # CombinedLoader: gives its stateful loaders their states (in order)
-    "_fields",  # Python's named tuples: their field names (documented, despite the underscore; _batch_check)
-    "_HandlersCompose",  # Lightning's composition of one signal's handlers (signal_handlers: its parts)
-)
-
 #: The module a Lightning that carries the upstream change (upstream/0001) has: it resumes mid-epoch itself.
 NATIVE_RESUME_MODULE = "loops._mid_epoch"
 
-#: torch's private names the worker recording relies on (listed in :data:`OTHER_PRIVATE_NAMES` too), checked on
-#: torch's classes when the callback is set up: ``"module:Class"`` and the names each must define.
-TORCH_PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
-    "torch.utils.data.dataloader:DataLoader": ("_get_iterator",),
-    # `_reset` sets `_send_idx` (read where present: tasks_sent)
-    "torch.utils.data.dataloader:_MultiProcessingDataLoaderIter": ("_process_data", "_reset"),
-}
-
-#: Private attributes of the train data fetcher (created inside ``setup_data``, checked when it is taken over) and of
-#: the ``CombinedLoader`` it iterates.
-REQUIRED_FETCHER_ATTRIBUTES = (
-    "fetched",
-    "iterator",
-    "length",
-    "done",
-    "reset",
-    "combined_loader",
-)
-#: Read where the fetcher has it: the batches a ``_PrefetchDataFetcher`` fetched ahead (other fetchers have none).
-OPTIONAL_FETCHER_ATTRIBUTES = ("batches",)
-REQUIRED_COMBINED_LOADER_ATTRIBUTES = ("_iterator", "_mode", "_limits", "flattened")
-
 #: Set to ``1`` to take note of an unchecked Lightning release: its warning becomes an informational message.
 UNVERIFIED_ENV = "LIGHTNING_MIDEPOCH_UNVERIFIED"
-
-#: The stock methods whose fingerprints are checked: ``"module:Class.method"`` or ``"module:function"`` under the
-#: trainer package (``lightning.pytorch`` or ``pytorch_lightning``). Every method the overrides replace and call
-#: through ``super()``, every one whose body they copy or complete (``on_run_start``, ``__iter__``,
-#: ``CombinedLoader.__iter__``), and every one whose internals they rely on (the fetchers' ``next()`` of the
-#: ``CombinedLoader``, the restart stages, the progress counters, when the loaded checkpoint is there).
-CHECKED_METHODS = (
-    "loops.loop:_Loop.load_state_dict",
-    "loops.loop:_Loop.restarting",
-    "loops.loop:_Loop.is_resuming",  # absent before 2.5.3; the stock on_run_start reads it from then on
-    "loops.loop:_Loop.on_iteration_done",
-    "loops.fit_loop:_FitLoop.setup_data",
-    "loops.fit_loop:_FitLoop.reset",
-    "loops.fit_loop:_FitLoop.done",
-    "loops.fit_loop:_FitLoop.on_advance_start",
-    "loops.fit_loop:_FitLoop.on_advance_end",
-    "loops.fit_loop:_FitLoop.update_restart_stage",
-    "loops.fit_loop:_FitLoop.restarted_mid_epoch",
-    "loops.fit_loop:_FitLoop.restarted_on_epoch_end",
-    "loops.fit_loop:_FitLoop.restarted_on_epoch_start",
-    "loops.training_epoch_loop:_TrainingEpochLoop.reset",
-    "loops.training_epoch_loop:_TrainingEpochLoop.on_run_start",
-    "loops.training_epoch_loop:_TrainingEpochLoop.advance",
-    "loops.training_epoch_loop:_TrainingEpochLoop.on_advance_end",
-    "loops.training_epoch_loop:_TrainingEpochLoop.update_restart_stage",
-    "loops.training_epoch_loop:_TrainingEpochLoop.reset_restart_stage",
-    "loops.training_epoch_loop:_TrainingEpochLoop.restarted_on_train_batch_end",
-    "loops.training_epoch_loop:_TrainingEpochLoop._should_accumulate",
-    "loops.training_epoch_loop:_TrainingEpochLoop._num_ready_batches_reached",
-    "loops.progress:_ReadyCompletedTracker.reset",
-    "loops.progress:_StartedTracker.reset",
-    "loops.progress:_ProcessedTracker.reset",
-    "loops.progress:_Progress.increment_completed",
-    "loops.fetchers:_DataFetcher.setup",
-    "loops.fetchers:_DataFetcher.__iter__",
-    "loops.fetchers:_DataFetcher.__next__",
-    "loops.fetchers:_DataFetcher.reset",
-    "loops.fetchers:_PrefetchDataFetcher.__iter__",
-    "loops.fetchers:_PrefetchDataFetcher.__next__",
-    "loops.fetchers:_DataLoaderIterDataFetcher.__iter__",
-    "loops.fetchers:_DataFetcherWrapper.__next__",
-    "utilities.combined_loader:CombinedLoader.__iter__",
-    "utilities.combined_loader:CombinedLoader.__next__",
-    "utilities.combined_loader:_ModeIterator.__init__",
-    "trainer.connectors.checkpoint_connector:_CheckpointConnector.restore_loops",
-    "trainer.connectors.checkpoint_connector:_CheckpointConnector.resume_end",
-    # pre-emption: the handlers Lightning registers and how it composes them, the exchange stood in for
-    "trainer.connectors.signal_connector:_SignalConnector.register_signal_handlers",
-    "trainer.connectors.signal_connector:_SignalConnector.teardown",
-    "trainer.connectors.signal_connector:_SignalConnector._slurm_sigusr_handler_fn",
-    "trainer.connectors.signal_connector:_SignalConnector._sigterm_notifier_fn",
-    "trainer.connectors.signal_connector:_HandlersCompose.__call__",
-    "loops.training_epoch_loop:_TrainingEpochLoop._broadcast_sigterm_tensor",
-    "loops.training_epoch_loop:_TrainingEpochLoop._should_check_val_fx",
-)
-
-#: The fingerprint of a method the release does not define (where that is one of the accepted versions).
-ABSENT = "absent"
 
 #: The warning stock Lightning gives when it resumes mid-epoch without a resumable loader; ours replaces it.
 STOCK_NOT_RESUMABLE_WARNING = "You're resuming from a checkpoint that ended before the epoch ended"
@@ -234,9 +85,10 @@ def check_supported(trainer: Trainer) -> str:
     """Check the trainer's Lightning and torch against what the overrides are written for; a fit is never refused.
 
     * A release outside the supported range, or one that changed a method the overrides rely on
-      (:data:`CHECKED_METHODS`), runs with a warning naming what differs (an informational message instead with
-      ``LIGHTNING_MIDEPOCH_UNVERIFIED=1``, for a user who has read it): the overrides call the release's own code, and
-      a resume whose batch check fails (the last batch trained, loaded again, differs) is still warned before training.
+      (:data:`~lightning_midepoch._source_check.CHECKED_METHODS`), runs with a warning naming what differs (an
+      informational message instead with ``LIGHTNING_MIDEPOCH_UNVERIFIED=1``, for a user who has read it): the
+      overrides call the release's own code, and a resume whose batch check fails (the last batch trained, loaded
+      again, differs) is still warned before training.
     * A trainer or torch that lacks a private name the overrides use cannot run them at all: the reason is returned,
       and the callback steps aside for that fit (Lightning resumes as it does without it).
 
@@ -310,135 +162,6 @@ def missing_torch_names() -> list[str]:
         cls = getattr(importlib.import_module(module_name), class_name, None)
         missing += [f"{class_name}.{name}" for name in names if not hasattr(cls, name)]
     return missing
-
-
-def changed_methods(package: str) -> list[str]:
-    """The :data:`CHECKED_METHODS` of the trainer package ``package`` whose fingerprint is none of the accepted ones.
-
-    Example:
-        >>> changed_methods("lightning.pytorch")
-        []
-
-    """
-    changed = []
-    for path in CHECKED_METHODS:
-        module_name, qualname = path.split(":")
-        module = importlib.import_module(f"{package}.{module_name}")
-        if live_fingerprint(module, qualname) not in _fingerprints.FINGERPRINTS.get(path, {}):
-            changed.append(f"`{qualname}` ({package}.{module_name})")
-    return changed
-
-
-def live_fingerprint(module: object, qualname: str) -> str:
-    """The fingerprint of method ``qualname`` (``"Class.method"``, or a function's name) in ``module`` now.
-
-    A property's getter stands for the property. The method is read from the class itself (not inherited), so that
-    a release that moves it shows as changed. :data:`ABSENT` if the class (or module) does not define it;
-    ``"unreadable"`` if its source cannot be read.
-    """
-    owner, name = _split(qualname)
-    attribute = vars(module if owner is None else getattr(module, owner, type)).get(name)
-    if attribute is None:
-        return ABSENT
-    function: Any = attribute.fget if isinstance(attribute, property) else attribute
-    try:
-        filename = inspect.getsourcefile(function)
-        first_line = inspect.getsourcelines(function)[1]
-    except (TypeError, OSError):
-        return "unreadable"
-    for node in ast.walk(_parsed(filename or "")):
-        if (
-            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.name == function.__name__
-            and min([node.lineno] + [decorator.lineno for decorator in node.decorator_list]) == first_line
-        ):
-            return fingerprint(node)
-    return "unreadable"
-
-
-def source_fingerprint(source: str, qualname: str) -> str:
-    r"""The fingerprint of method ``qualname`` (``"Class.method"``, or a function's ``"name"``) in a module's source.
-
-    What :func:`live_fingerprint` finds once the module is imported; ``tools/fingerprints.py`` reads releases' wheels
-    with it.
-
-    Example:
-        >>> source = "class A:\n @property\n def x(self):\n  return 1\n @x.setter\n def x(self, v): ..."
-        >>> source_fingerprint(source, "A.x") == fingerprint(ast.parse(source).body[0].body[0])
-        True
-        >>> source_fingerprint(source, "A.y")
-        'absent'
-        >>> source_fingerprint("def f():\n return 1", "f") == fingerprint(ast.parse("def f(): return 1").body[0])
-        True
-
-    """
-    owner, name = _split(qualname)
-    body = ast.parse(source).body
-    if owner is not None:
-        classes = [node for node in body if isinstance(node, ast.ClassDef) and node.name == owner]
-        body = classes[0].body if classes else []
-    defs = [item for item in body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == name]
-    # a property's getter (its setter, defined later under the same name, does not replace it)
-    getters = [
-        item for item in defs if any(isinstance(d, ast.Name) and d.id == "property" for d in item.decorator_list)
-    ]
-    if defs:
-        return fingerprint(getters[0] if getters else defs[-1])
-    return ABSENT
-
-
-def _split(qualname: str) -> tuple[str | None, str]:
-    """``"Class.method"`` as ``("Class", "method")``, a module-level ``"function"`` as ``(None, "function")``."""
-    owner, _, name = qualname.rpartition(".")
-    return owner or None, name
-
-
-@cache
-def _parsed(filename: str) -> ast.Module:
-    try:
-        with open(filename, encoding="utf-8") as file:
-            return ast.parse(file.read())
-    except (OSError, SyntaxError, ValueError):
-        return ast.Module(body=[], type_ignores=[])
-
-
-def fingerprint(function: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
-    r"""A hash of a function's syntax tree: its code, not its docstring, comments, layout or Python's bytecode.
-
-    The tree is written out by hand (names of nodes and fields, values of constants), leaving out what varies
-    between Python versions without changing the code: empty or missing optional fields, load/store contexts,
-    type comments and type parameters.
-
-    Example:
-        >>> def parse(source):
-        ...     return ast.parse(source).body[0]
-        >>> fingerprint(parse("def f(x):\n    'Doc.'\n    return x + 1  # one")) == fingerprint(
-        ...     parse("def f(x):\n    return (x +\n            1)"))
-        True
-        >>> fingerprint(parse("def f(x):\n    return x + 1")) == fingerprint(parse("def f(x):\n    return x - 1"))
-        False
-
-    """
-    body = function.body
-    first = body[0] if body else None
-    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-        body = body[1:]
-    header = _canonical([function.name, function.args, function.decorator_list, function.returns])
-    text = f"{type(function).__name__}({header},{_canonical(body)})"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _canonical(node: object) -> str:
-    if isinstance(node, ast.AST):
-        fields = [
-            f"{name}={_canonical(value)}"
-            for name, value in ast.iter_fields(node)
-            if name not in ("ctx", "type_comment", "type_params", "kind") and value is not None and value != []
-        ]
-        return f"{type(node).__name__}({','.join(fields)})"
-    if isinstance(node, list):
-        return f"[{','.join(_canonical(item) for item in node)}]"
-    return repr(node)
 
 
 def check_fetcher(fetcher: object) -> None:
@@ -832,34 +555,6 @@ def evaluation_skip_wrapped(val_loop: Any, wrap: Callable[[], AbstractContextMan
         del val_loop.increment_progress_to_evaluation_end
 
 
-def unsaved_buffer(dataset: object) -> str | None:
-    """What an iterable dataset holds that its own ``state_dict()`` leaves out, if known: a shuffle buffer.
-
-    Hugging Face's ``datasets.IterableDataset.shuffle(buffer_size=...)`` draws from a buffer of examples that its
-    state does not hold: a restored dataset refills it, so examples of the interrupted epoch are lost and others are
-    seen twice. The buffer is an example iterable with a ``buffer_size`` along the dataset's chain of them
-    (``_ex_iterable``, then ``ex_iterable``/``ex_iterables``; read from ``datasets`` 5.2.0, duck-typed).
-
-    Example:
-        >>> unsaved_buffer(range(3)) is None
-        True
-
-    """
-    pending = [getattr(dataset, "_ex_iterable", None)]
-    for _ in range(64):  # a chain of example iterables (mapped, filtered, interleaved, ...), bounded
-        if not pending:
-            break
-        node = pending.pop()
-        size = getattr(node, "buffer_size", None)
-        if isinstance(size, int):
-            return f"a shuffle buffer of {size} examples"
-        pending.append(getattr(node, "ex_iterable", None))
-        children = getattr(node, "ex_iterables", None)
-        pending += list(children) if isinstance(children, (list, tuple)) else []
-        pending = [child for child in pending if child is not None]
-    return None
-
-
 def pending_loader_states(fit_loop: Any) -> list[Any]:
     """The stateful train loaders' states the fit loop restored but has not given them (an empty list once it has).
 
@@ -872,35 +567,6 @@ def load_loader_states(fit_loop: Any, combined_loader: CombinedLoader) -> None:
     """Give the stateful train loaders the states the fit loop restored, as Lightning does on a mid-epoch resume."""
     combined_loader._load_state_dicts(fit_loop._combined_loader_states_to_load)
     fit_loop._combined_loader_states_to_load = []
-
-
-def forget_restored_position(obj: object) -> None:
-    """Let a dataset or loader that was given a saved position start its next pass afresh, as it does when not resumed.
-
-    Two libraries keep a loaded position beyond the pass it was for:
-
-    * Hugging Face's ``datasets.IterableDataset.load_state_dict`` keeps the state (``_starting_state_dict``) and applies
-      it at every pass whose epoch is the state's; Lightning never moves that epoch (it calls ``set_epoch`` on
-      samplers only), so every later pass would start at the restored position.
-    * litdata's ``StreamingDataLoader`` stays in its ``restore`` mode until an iterator runs to its very end, which
-      Lightning's loop never asks of a sized loader (it stops after ``len(loader)`` batches): its next pass would replay
-      the restored position instead of starting its next epoch.
-
-    Read from ``datasets`` 5.2.0 and ``litdata`` 0.2.76; anything else is left alone.
-
-    Example:
-        >>> class Restored:
-        ...     _starting_state_dict = {"epoch": 0}
-        >>> dataset = Restored()
-        >>> forget_restored_position(dataset)
-        >>> dataset._starting_state_dict is None
-        True
-
-    """
-    if isinstance(getattr(obj, "_starting_state_dict", None), dict):
-        obj._starting_state_dict = None  # type: ignore[attr-defined]
-    if type(obj).__module__.split(".")[0] == "litdata" and getattr(obj, "restore", None) is True:
-        obj.restore = False  # type: ignore[attr-defined]
 
 
 def replace_loader_states(checkpoint: dict[str, Any], states: list[Any]) -> None:
@@ -921,17 +587,3 @@ def replace_loader_states(checkpoint: dict[str, Any], states: list[Any]) -> None
     for index, state in enumerate(states):
         if state is not None:
             saved[index] = state
-
-
-def lags_a_pass(dataset: object) -> bool:
-    """Whether a dataset's ``state_dict()`` still describes its previous pass until a new pass fetches.
-
-    Hugging Face's ``datasets.IterableDataset`` sets up a pass's state at the pass's first example (read from
-    ``datasets`` 5.2.0: the loaded state it keeps, ``_starting_state_dict``, marks it).
-
-    Example:
-        >>> lags_a_pass(range(3))
-        False
-
-    """
-    return hasattr(dataset, "_starting_state_dict")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lightning_midepoch import _compat, _rng
+from lightning_midepoch import _compat, _datalibs, _rng
 from lightning_midepoch import _state as S
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class ResumedPass:
     def epoch_started(self) -> None:
         """A new train iterator: its passes start afresh, and its start draws as in the uninterrupted run."""
         for restored in self.one_pass_positions:
-            _compat.forget_restored_position(restored)
+            _datalibs.forget_restored_position(restored)
         self.one_pass_positions = []
         self.lazy_starts = []
 

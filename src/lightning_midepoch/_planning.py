@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from lightning_midepoch import _batch_check, _compat, _elastic, _rng, _workers
+from lightning_midepoch import _batch_check, _compat, _datalibs, _elastic, _rng, _workers
 from lightning_midepoch import _state as S
 from lightning_midepoch._order import _PassRecord, _Replay
 
@@ -210,7 +210,7 @@ class ResumePlanner:
             for loader in stateful:
                 iter(loader)
                 for restored in (loader, getattr(loader, "dataset", None)):
-                    _compat.forget_restored_position(restored)
+                    _datalibs.forget_restored_position(restored)
         return False
 
     def _rewound_loaders(self, epoch: int) -> list[int]:

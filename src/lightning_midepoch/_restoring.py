@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Collection, Mapping, Set
 from typing import TYPE_CHECKING, Any
 
-from lightning_midepoch import _compat, _rng, _validate
+from lightning_midepoch import _compat, _datalibs, _rng, _validate
 from lightning_midepoch import _state as S
 
 if TYPE_CHECKING:
@@ -292,11 +292,11 @@ class Restorer:
             if state is not None:
                 loader.dataset.load_state_dict(state)
                 if from_start:
-                    _compat.forget_restored_position(loader.dataset)
+                    _datalibs.forget_restored_position(loader.dataset)
             elif S.loader_kind(loader) == S.KIND_ITERABLE:
                 self.warn_iterable(index, loader)
                 continue
-            buffer = _compat.unsaved_buffer(getattr(loader, "dataset", None))
+            buffer = _datalibs.unsaved_buffer(getattr(loader, "dataset", None))
             if buffer is not None and not at_epoch_end:
                 self._warn_buffer(index, loader, buffer)
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lightning_midepoch import _batch_check, _compat, _rng
+from lightning_midepoch import _batch_check, _compat, _datalibs, _rng
 from lightning_midepoch import _state as S
 from lightning_midepoch.__about__ import __version__
 
@@ -339,7 +339,7 @@ class Saver:
         for index, history in self.loader_history.items():
             loader = self.session.loaders[index]
             state = self._pending_state(history, lambda: None)
-            stale = _compat.lags_a_pass(getattr(loader, "dataset", None))
+            stale = _datalibs.lags_a_pass(getattr(loader, "dataset", None))
             if state is not None and state is _pending_first(history) and stale:
                 # before a pass's first fetch, a Hugging Face IterableDataset still reports its previous pass
                 self._warn_pass_start(index, loader)

@@ -376,3 +376,10 @@ def test_every_row_of_the_strategy_table_names_tests_that_exist():
             assert named, f"{setting}: a '{exact}' row names no test"
         else:
             assert exact.startswith("expected"), f"{setting}: unknown verdict {exact!r}"
+
+
+def test_the_state_table_is_written_from_the_schema():
+    """The API page's table of the checkpoint state is the one the schema writes (``_schema.markdown_table``)."""
+    from lightning_midepoch import _schema
+
+    assert _schema.markdown_table() in (DOCS / "api.md").read_text(encoding="utf-8")

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from harness import Config, CrashPoint, checkpoint_path, run
 from lightning_midepoch import MidEpochResume, MidEpochResumeError, _elastic, _rng
+from lightning_midepoch import _schema as Schema
 from lightning_midepoch import _state as S
 from lightning_midepoch import _validate as V
 from lightning_midepoch.__main__ import main
@@ -356,6 +357,36 @@ def _outcome(state: dict[str, Any]) -> tuple[dict[str, Any] | None, MidEpochResu
 def test_the_written_states_are_intact(states, written):
     for state in (*states.values(), *(load(path)["callbacks"][STATE_KEY] for path in written.values())):
         assert V.checked(state) == S.migrate(state)
+
+
+def _undeclared(spec: Any, value: Any, path: str) -> list[str]:
+    """The keys under ``value`` that the schema does not declare (it allows them, but no release should write them)."""
+    spec = spec.spec if isinstance(spec, (Schema.Field, Schema.Optional)) else spec
+    if value is None:
+        return []
+    if isinstance(spec, Schema.List):
+        return [key for index, item in enumerate(value) for key in _undeclared(spec.item, item, f"{path}[{index}]")]
+    if isinstance(spec, Schema.DictOf):
+        return [key for name, item in value.items() for key in _undeclared(spec.value, item, f"{path}[{name!r}]")]
+    if isinstance(spec, Schema._GlobalNumpy):
+        return _undeclared(Schema._NUMPY_MT19937 if value["name"] == "MT19937" else spec.other, value, path)
+    if isinstance(spec, Schema.Tagged):
+        untagged = {name: item for name, item in value.items() if name != spec.tag}
+        return _undeclared(spec.records[value[spec.tag]], untagged, path)
+    if isinstance(spec, Schema.Record):
+        declared = {**spec.fields, **spec.optional}
+        return [
+            key
+            for name, item in value.items()
+            for key in (_undeclared(declared[name], item, f"{path}.{name}") if name in declared else [f"{path}.{name}"])
+        ]
+    return []
+
+
+def test_every_key_a_state_is_written_with_is_declared_in_the_schema(written):
+    """The schema is the whole layout: nothing the callback writes is left out of it (or it would pass unchecked)."""
+    for path in written.values():
+        assert _undeclared(Schema.STATE, load(path)["callbacks"][STATE_KEY], "") == []
 
 
 def test_legacy_states_are_intact():

@@ -1,53 +1,13 @@
-"""The checkpoint state of :class:`~lightning_midepoch.MidEpochResume`: schema, version, facts and validation.
+"""The checkpoint state of :class:`~lightning_midepoch.MidEpochResume`: its keys, version, loader facts and checks.
 
 The state is one dict stored by Lightning under the callback's ``state_key``. It holds only tensors, ints, floats,
 strings, booleans, ``None``, lists and dicts, so it loads with ``torch.load(..., weights_only=True)``. Its size does
 not depend on the dataset: a few random states per train loader and per rank (plus, only for a checkpoint taken
 inside a gradient accumulation group, the partial gradients).
 
-A loaded state is checked against this layout (:mod:`lightning_midepoch._validate`) before anything reads it.
-
-Layout (version 1)::
-
-    {
-        "version": 1,
-        "package_version": str, "lightning_version": str, "torch_version": str,
-        "epoch": int,              # trainer.current_epoch when saved
-        "fetched": int,            # batches the train fetcher had handed to the loop in this epoch
-        "stopped": bool,           # saved after the training loop stopped before the epoch's end (max_steps,
-                                   # max_time, trainer.should_stop): a resume continues that epoch (default False)
-        "world_size": int,
-        "mode": str,               # CombinedLoader mode of the train loaders
-        "elastic": dict | None,    # an epoch being finished on another world size (see _elastic): its order spec,
-                                   # dataset_length, the pass record of a random order, completed "phases" and the
-                                   # "current" phase's layout and "batch_offset"
-        "loaders": [               # one per flattened train loader, facts that must match on resume
-            {"kind": "map" | "iterable" | "stateful", "dataset_length": int | None, "num_batches": int | None,
-             "batch_size": int | None, "drop_last": bool, "order": str, "seed_determined": bool,
-             "global_order": dict | None,  # how the epoch's global order can be rebuilt (elastic resume)
-             "settings": {str: primitive}},  # sampler settings that change the order (not in 0.2.0)
-        ],
-        "ranks": [                 # indexed by global rank
-            {"rng": {...},         # live process-wide states when saved (torch, cuda, numpy, python)
-             "passes": [record | None],        # per loader: the states its current pass drew its order from
-                                               # (an iterable dataset's: the states its epoch's iterator started at)
-             "generators": [dict | None],      # per loader: live states of generators its sampler/loader own
-             "dataset_states": [dict | None],  # per loader: an IterableDataset's own state_dict(), if it has one
-             "dataset_generators": [dict | None],  # (not in 0.2.0; only where one is not None) per loader read in
-                                                   # the main process: its dataset's own generators' states
-             "grads": {name: tensor} | None,   # partial gradients of an unfinished accumulation group
-             "workers": [                      # per loader (not in 0.2.0): its DataLoader workers' states, or None
-                 {"num_workers": int, "workers": [{"state": {"global": ..., "objects": ..., "dataset": ...} | None,
-                                                   "seed": int, "init_digest": int}],
-                  "after_pass": [...],  # persistent workers at an epoch's end: after all they produced
-                  "sample": int} | None],  # (not in 0.2.0) an index the pass loaded (a resumed worker may
-                                           # load it once, to create the generators its dataset creates lazily)
-             "last_batch": {"fingerprint": {"digest": str, "leaves": {str: str}},  # (not in 0.2.0) the batch
-                            "rng": {...},   # check (_batch_check): the last batch trained, the states it was loaded
-                            "dataset_generators": [dict | None]} | None},  # from; the data positions above are
-                                   # then those before it (a resumed run loads it again, compares it and drops it)
-        ],
-    }
+Its layout is declared once, field by field, in :data:`lightning_midepoch._schema.STATE`: a loaded state is checked
+against it (:mod:`lightning_midepoch._validate`) before anything reads it, and :func:`lightning_midepoch._schema.layout`
+writes it out with what each field holds. The key strings are the constants below.
 """
 
 from __future__ import annotations

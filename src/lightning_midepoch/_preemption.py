@@ -143,12 +143,7 @@ class SignalDeferral:
         self.owed: Counter[int] = Counter()  # served as agreed before this rank's own delivery came: absorbed then
         self.served_together: set[int] = set()  # served at a point every rank agreed on
         self.serving: int | None = None  # the signal whose handler runs now
-        self.received = 0  # every delivery noted (a repeat while its own handler runs included)
         self.live = False  # training runs: handlers wait for a consistent point
-
-    @property
-    def installed(self) -> bool:
-        return bool(self.handlers)
 
     @property
     def signals(self) -> tuple[int, ...]:
@@ -177,7 +172,6 @@ class SignalDeferral:
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
         # the whole handler: a signal can land anywhere, so while training runs nothing here touches its state
-        self.received += 1
         if self.owed[signum]:  # this rank's own delivery of a signal every rank served already
             self.owed[signum] -= 1
             return
@@ -309,7 +303,7 @@ class _DeferringSignalConnector:
             if checkpointing_handler(handler, self, declared=declared, ranks_exchange=exchanging):
                 handlers[signum] = handler
         deferral.install(handlers)  # type: ignore[arg-type]
-        if deferral.installed and exchanging:
+        if deferral.handlers and exchanging:
             deferral.exchanging = True
             _compat.replace_sigterm_exchange(trainer, SharedSignalCheck(trainer, deferral))
 

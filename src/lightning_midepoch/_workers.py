@@ -123,7 +123,6 @@ class _WorkerRecorder:
     """In one worker process: writes the worker's states into its ring of slots."""
 
     def __init__(self, worker_id: int, buffers: _Buffers, dataset: Any) -> None:
-        self.worker_id = worker_id
         self.buffers = buffers
         self.copy = dataset  # this worker's copy of the dataset
         self.objects = _generators(dataset)

@@ -48,6 +48,14 @@ def _callback_bases() -> tuple[type, ...]:
 
 def _adopt_imported_namespaces() -> None:
     """Make the callback a ``Callback`` of every namespace imported since this module was."""
+    # Why a base is added at run time, to our own class only: the trainer accepts a callback by
+    # `isinstance(callback, Callback)` against its own namespace's `Callback`, and `lightning.pytorch.Callback` and
+    # `pytorch_lightning.Callback` are two plain classes (metaclass `type`: no `ABC.register`, no `__instancecheck__`
+    # to hook). No documented interface makes one object an instance of both but inheriting both; importing the other
+    # namespace up front to inherit it at class creation re-points the rank-zero logger the two share (a `lightning`
+    # user's messages would move); and a subclass made per instance would be a class pickle cannot find by name (DDP
+    # spawn pickles the trainer's callbacks). So the class gains the base of a namespace imported after this module,
+    # when a callback is created; the bases' layouts are the same (`object`'s), which is what CPython checks.
     bases = _CallbackBase.__bases__
     missing = tuple(base for base in _callback_bases() if base not in bases)
     if missing:

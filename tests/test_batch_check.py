@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import io
 import warnings
 from dataclasses import replace
@@ -33,7 +34,7 @@ from harness import (
     run,
 )
 from lightning_midepoch import MidEpochResume, MidEpochResumeError
-from lightning_midepoch._batch_check import LEAVES, BatchCheck, Refetch, differences, fingerprint
+from lightning_midepoch._batch_check import LEAVES, BatchCheck, Refetch, differences, fingerprint, outcomes_of_ranks
 
 MID = CrashPoint("train_batch_end", epoch=0, batch=4)
 
@@ -123,15 +124,11 @@ def test_a_fingerprint_survives_a_weights_only_load():
 
 
 # ---------------------------------------------------------------------------------------------- the check
-def _check(verify: str, outcomes_of_others: list[bool]) -> tuple[BatchCheck, list[tuple[str, bool]], list[bool]]:
+def _check(verify: str) -> tuple[BatchCheck, list[tuple[str, bool]]]:
+    """The check of a single-process run (under DDP, tests/test_collectives.py runs it on a real 2-rank group)."""
     reports: list[tuple[str, bool]] = []
-    asked: list[bool] = []
-
-    def agree(differs: bool) -> list[bool]:
-        asked.append(differs)
-        return [differs, *outcomes_of_others]
-
-    return BatchCheck(verify, lambda message, fail: reports.append((message, fail)), agree), reports, asked  # type: ignore[arg-type]
+    agree = functools.partial(outcomes_of_ranks, rank=0, world_size=1, strategy=None)
+    return BatchCheck(verify, lambda message, fail: reports.append((message, fail)), agree), reports  # type: ignore[arg-type]
 
 
 class _Loader:
@@ -157,7 +154,7 @@ def _refetch(saved_seed: int, loaded_seed: int) -> Refetch:
 
 
 def test_the_batch_is_loaded_again_from_its_states_compared_and_dropped():
-    check, reports, asked = _check("warn", [])
+    check, reports = _check("warn")
     loader = _Loader()
     check.refetch(loader.fetch)  # not armed: nothing loaded
     assert loader.fetched == 0
@@ -168,48 +165,28 @@ def test_the_batch_is_loaded_again_from_its_states_compared_and_dropped():
     check.refetch(loader.fetch)  # once only
     assert loader.fetched == 1
     check.conclude()
-    assert (asked, reports) == ([False], [])
+    assert reports == []
 
 
 def test_a_batch_that_differs_is_reported_with_its_parts():
-    check, reports, asked = _check("warn", [])
+    check, reports = _check("warn")
     check.expect(_refetch(saved_seed=3, loaded_seed=4), "batch_idx 4 of epoch 0")
     check.refetch(_Loader().fetch)
     check.conclude()
-    assert asked == [True]
     ((message, fail),) = reports
     assert not fail
     assert "batch_idx 4 of epoch 0" in message
     assert "(differing: ['x'])" in message
 
 
-def test_every_rank_learns_the_outcome_before_any_raises():
-    """This rank's batch is right, rank 1's is not: this rank raises too, naming rank 1 (no rank waits for another)."""
-    check, reports, asked = _check("raise", [True])
-    check.expect(_refetch(saved_seed=3, loaded_seed=3), "batch_idx 4 of epoch 0")
-    check.refetch(_Loader().fetch)
-    check.conclude()
-    assert asked == [False]
-    ((message, fail),) = reports
-    assert fail
-    assert "on rank(s) 1" in message
-    # a rank that saved no entry while others did loads nothing again, and still takes part in the agreement
-    quiet, quiet_reports, quiet_asked = _check("raise", [False])
-    quiet.expect(None, "")
-    loader = _Loader()
-    quiet.refetch(loader.fetch)
-    quiet.conclude()
-    assert (loader.fetched, quiet_asked, quiet_reports) == (0, [False], [])
-
-
 def test_off_loads_the_batch_again_and_compares_nothing():
     """The positions were saved before the batch: it is loaded again (and dropped) whatever the resumed run asks."""
-    check, reports, asked = _check("off", [])
+    check, reports = _check("off")
     check.expect(_refetch(saved_seed=3, loaded_seed=4), "batch_idx 4 of epoch 0")
     loader = _Loader()
     check.refetch(loader.fetch)
     check.conclude()
-    assert (loader.fetched, reports, asked) == (1, [], [])
+    assert (loader.fetched, reports) == (1, [])
 
 
 def test_verify_batch_takes_only_its_values():

@@ -26,7 +26,6 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import sample_of_matrix
 from harness import (
     UNCHECKED_RELEASE,
     Comparison,
@@ -129,18 +128,6 @@ def test_loader_settings_and_worker_init_functions(settings, tmp_path):
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*pin_memory.*")  # no accelerator on the test machine
         assert_exact(interrupt_and_resume(config, MID, tmp_path))
-
-
-def test_the_matrix_sample_depends_only_on_the_seed():
-    """`make test`'s sample of the marked cases (tests/conftest.py): the same in each xdist worker, another per seed."""
-    ids = [f"tests/test_workers.py::test_case[{i}]" for i in range(21)]
-    sample = sample_of_matrix(ids, 3, seed=5)
-    assert len(sample) == 3
-    assert set(sample) <= set(ids)
-    assert sample_of_matrix(list(reversed(ids)), 3, seed=5) == sample  # whatever order the ids are collected in
-    assert len({tuple(sample_of_matrix(ids, 3, seed)) for seed in range(10)}) > 1
-    assert sample_of_matrix(ids[:2], 3, seed=5) == ids[:2]
-    assert sample_of_matrix(ids, 0, seed=5) == []
 
 
 # ---------------------------------------------------------------------------------------------- warnings
@@ -366,26 +353,6 @@ def test_generators_a_pipeline_holds_or_creates_in_the_workers_continue(pipeline
     """Batch 4's checkpoint: the first remaining batch went to worker 1, so the resumed pass shifts its rotation."""
     config = replace(AUGMENTED, pipeline=pipeline, persistent_workers=persistent)
     assert_exact(interrupt_and_resume(config, MID, tmp_path))
-
-
-def test_a_dataset_that_loads_whole_batches_is_never_given_an_empty_list():
-    """The tasks that shift a resumed rotation carry the pass's first batch of indices for such a dataset."""
-    from pipelines import BatchesOnly
-
-    loader = torch.utils.data.DataLoader(BatchesOnly(8), batch_size=2, num_workers=2)
-    workers = W.LoaderWorkers(0, loader)
-    try:
-        workers.prefix = workers.dropped = 1
-        assert workers.pass_started(5, [6, 7]) == [[6, 7]]
-        assert workers.sample == 6  # an index the pass loaded: a resumed worker's copy may load it once
-    finally:
-        workers.detach()
-    plain = W.LoaderWorkers(0, torch.utils.data.DataLoader(range(8), batch_size=2, num_workers=2))
-    try:
-        plain.prefix = 2
-        assert plain.pass_started(4, [4, 5]) == [[], []]  # empty lists reach no code of a dataset with __getitem__
-    finally:
-        plain.detach()
 
 
 class _Peek(L.Callback):

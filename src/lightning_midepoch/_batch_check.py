@@ -185,6 +185,25 @@ class BatchCheck:
         )
 
 
+def outcomes_of_ranks(differs: bool, rank: int, world_size: int, strategy: Any) -> list[bool]:
+    """Every rank's outcome of the batch check from this rank's (True: its batch differs), for :class:`BatchCheck`.
+
+    Under DDP one collective through the trainer's strategy (a sum of one flag per rank), which every rank reaches at
+    the resumed epoch's start; on one process, this rank's own.
+
+    Example:
+        >>> outcomes_of_ranks(True, rank=0, world_size=1, strategy=None)
+        [True]
+
+    """
+    if world_size <= 1:
+        return [differs]
+    flags = [0] * world_size
+    flags[rank] = int(differs)
+    reduced = strategy.reduce(torch.tensor(flags, device=strategy.root_device), reduce_op="sum")
+    return [bool(flag) for flag in reduced.tolist()]
+
+
 @dataclasses.dataclass(frozen=True)
 class Refetch:
     """The batch a resumed run loads again: its saved fingerprint, and how to set the states it was loaded with."""

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from torch.utils.data import DataLoader
 
 from lightning_midepoch import _compat, _rng, _workers
 from lightning_midepoch import _state as S
-from lightning_midepoch._batch_check import BatchCheck, VerifyBatch
+from lightning_midepoch._batch_check import BatchCheck, VerifyBatch, outcomes_of_ranks
 from lightning_midepoch._fetchers import _FetchingCombinedLoader, _ResumableDataFetcher
 from lightning_midepoch._loops import _ResumableFitLoop, _ResumableTrainingEpochLoop
 from lightning_midepoch._mixin import mix_in, mixed_copy, unmix
@@ -271,12 +270,7 @@ class _Session:
     def _agree(self, differs: bool) -> list[bool]:
         """Every rank's outcome of the batch check (one collective, at the resumed epoch's start: all reach it)."""
         trainer = self.trainer
-        if trainer.world_size <= 1:
-            return [differs]
-        flags = [0] * trainer.world_size
-        flags[trainer.global_rank] = int(differs)
-        reduced = trainer.strategy.reduce(torch.tensor(flags, device=trainer.strategy.root_device), reduce_op="sum")
-        return [bool(flag) for flag in reduced.tolist()]
+        return outcomes_of_ranks(differs, trainer.global_rank, trainer.world_size, trainer.strategy)
 
     def start_epoch(self) -> None:
         """The train iterator is being created: every recorder's next pass is the epoch's first."""

@@ -13,9 +13,10 @@ class _NothingToLoadAgain:
 
 
 class _Session:
-    """What the ``CombinedLoader`` override asks of its session: the hooks around a fetch, and the flag."""
+    """What the ``CombinedLoader`` override asks of its recording: the hooks around a fetch, and the shared flag."""
 
     def __init__(self) -> None:
+        self.ctx = self  # (the shared state: the flag and the latest batches)
         self.fetching = False
         self.events: list[str] = []
         self.batch_check = _NothingToLoadAgain()  # (no resume here: no batch to load again for the batch check)

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from lightning.pytorch.utilities.combined_loader import CombinedLoader
     from lightning.pytorch.utilities.combined_loader import CombinedLoader as _CombinedLoaderBase
 
-    from lightning_midepoch._session import _Session
+    from lightning_midepoch._recording import Recording
 else:
     # Lightning's fetchers are Iterators and its CombinedLoader an Iterable: a mixin with the same base keeps the
     # instance layout, so that the object's class can be switched
@@ -36,65 +36,70 @@ else:
 
 
 class _FetchingCombinedLoader(_CombinedLoaderBase):
-    """Mixed into the trainer's train ``CombinedLoader`` by :class:`_Session`: the session sees every fetch."""
+    """Mixed into the trainer's train ``CombinedLoader`` by :class:`_ResumableDataFetcher`: every fetch is seen."""
 
-    _midepoch: _Session
+    _midepoch: Recording
     __reduce_ex__ = stock_reduce
 
     @override
     def __iter__(self) -> Any:
         iterator = super().__iter__()
-        if self._midepoch.batch_check.pending is not None:
+        batch_check = self._midepoch.batch_check
+        if batch_check.pending is not None:
             # a resumed iterator, started one batch early: that batch is loaded again, compared and dropped here,
             # before any fetcher fetches from it
-            self._midepoch.batch_check.refetch(lambda: self.__next__()[0])
+            batch_check.refetch(lambda: self.__next__()[0])
         return iterator
 
     @override
     def __next__(self) -> Any:
-        session = self._midepoch
-        session.before_fetch()
-        session.fetching = True
+        recording = self._midepoch
+        ctx = recording.ctx
+        recording.before_fetch()
+        ctx.fetching = True
         try:
             result = super().__next__()
         finally:
-            session.fetching = False
-            session.after_fetch()
+            ctx.fetching = False
+            recording.after_fetch()
         # (references: fingerprinted only if a checkpoint is written after the batch; the one before is the last
         # trained where Lightning holds a batch ahead)
-        session.previous_batch, session.last_batch = session.last_batch, result[0]
+        ctx.previous_batch, ctx.last_batch = ctx.last_batch, result[0]
         return result
 
 
 class _ResumableDataFetcher(_DataFetcherBase):
-    """Mixed into the trainer's train data fetcher (any ``_DataFetcher`` subclass) by :class:`_Session`."""
+    """Mixed into (a copy of) the trainer's train data fetcher, any ``_DataFetcher`` subclass, by the fit loop's."""
 
-    _midepoch: _Session
+    _midepoch: Recording
     __reduce_ex__ = stock_reduce
 
     @override
     def setup(self, combined_loader: CombinedLoader) -> None:
         super().setup(combined_loader)
         _compat.check_fetcher(self)
-        self._midepoch.attach(combined_loader)
+        recording = self._midepoch
+        recording.ctx.mix(combined_loader, _FetchingCombinedLoader, recording)
+        recording.attach(combined_loader)
 
     @override
     def __iter__(self) -> Any:
-        session = self._midepoch
-        if session.iterator_started:
+        recording = self._midepoch
+        ctx = recording.ctx
+        if ctx.iterator_started:
             # the stock epoch loop's iter() right after the resumed epoch's iterator was started: keep that one
             return self
-        if session.hold_next_iter:
+        if ctx.hold_next_iter:
             # the first iterator after a resume: started by the epoch loop once it knows where the epoch continues
-            session.hold_next_iter = False
-            session.iterator_held = True
+            ctx.hold_next_iter = False
+            ctx.iterator_held = True
             _compat.hold_combined_iterator(self.combined_loader)
             self.iterator = None
             self.reset()
             return self
-        session.start_epoch()
-        session.starting_iterator = True
+        recording.start_epoch()
+        ctx.starting_iterator = True
         try:
             return super().__iter__()
         finally:
-            session.starting_iterator = False
+            ctx.starting_iterator = False

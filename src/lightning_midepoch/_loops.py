@@ -22,28 +22,45 @@ A run that never resumes goes through the stock code unchanged.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
 from lightning_midepoch import _compat, _rng
-from lightning_midepoch._mixin import stock_reduce
+from lightning_midepoch._fetchers import _ResumableDataFetcher
+from lightning_midepoch._mixin import mixed_copy, stock_reduce
 
 if TYPE_CHECKING:
     from lightning.pytorch.loops.fetchers import _DataFetcher
     from lightning.pytorch.loops.fit_loop import _FitLoop as _FitLoopBase
     from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop as _EpochLoopBase
 
-    from lightning_midepoch._session import _Session
+    from lightning_midepoch._planning import ResumePlanner
+    from lightning_midepoch._recording import Recording
+    from lightning_midepoch._restoring import Restorer
+    from lightning_midepoch._saving import Saver
+    from lightning_midepoch._shared import Shared
 else:
     _FitLoopBase = object
     _EpochLoopBase = object
 
 
-class _ResumableFitLoop(_FitLoopBase):
-    """Mixed into the trainer's fit loop by :class:`_Session`."""
+@dataclass(frozen=True)
+class LoopParts:
+    """What the loop overrides work with: the shared state and the parts they call at the loops' moments."""
 
-    _midepoch: _Session
+    ctx: Shared
+    recording: Recording  # given to the train data fetcher's override
+    saver: Saver
+    restorer: Restorer
+    planner: ResumePlanner
+
+
+class _ResumableFitLoop(_FitLoopBase):
+    """Mixed into the trainer's fit loop by :class:`~lightning_midepoch._session._Session`."""
+
+    _midepoch: LoopParts
     __reduce_ex__ = stock_reduce
 
     @property
@@ -52,21 +69,31 @@ class _ResumableFitLoop(_FitLoopBase):
 
     @_data_fetcher.setter
     def _data_fetcher(self, fetcher: Any) -> None:
-        # the fetcher is created inside setup_data: take it over before setup_data starts its iterator
+        # the fetcher is created inside setup_data: take it over before setup_data starts its iterator. The fit loop
+        # keeps a copy with the override (mixed_copy): nothing refers to the new fetcher yet, and Lightning reads its
+        # attributes at every fetch
         if fetcher is not None:
-            fetcher = self._midepoch.adopt_fetcher(fetcher)
+            parts = self._midepoch
+            fetcher, original = mixed_copy(fetcher, _ResumableDataFetcher, first={"_midepoch": parts.recording})
+            parts.ctx.installed(fetcher, original)
+            parts.ctx.fetcher = fetcher
         self.__dict__["_data_fetcher"] = fetcher
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any], prefix: str = "") -> None:
-        self._midepoch.loops_restoring()
+        parts = self._midepoch
+        # Everything the epoch loop's override does follows a restore (`restarting` is set by nothing else). Until
+        # then the epoch loop is left as it is: putting an override on an object slows down every read of its
+        # attributes a little (see lightning_midepoch._mixin.mix_in), and Lightning reads the epoch loop's hundreds of
+        # times per training step.
+        parts.ctx.mix(self.epoch_loop, _ResumableTrainingEpochLoop, parts)
         super().load_state_dict(state_dict, prefix)
-        self._midepoch.restorer.loops_restored()
-        if self._midepoch.resuming and self._combined_loader is not None:
+        parts.restorer.loops_restored()
+        if parts.ctx.resuming and self._combined_loader is not None:
             # Reading `trainer.estimated_stepping_batches` before the fit loop runs (to size OneCycleLR in
             # configure_optimizers, say) set up the train data and started its iterator before this restore: that
             # iterator is set aside, and the resumed epoch's is held back as when the data is set up after it
-            self._midepoch.set_aside_early_iterator()
+            _set_aside_early_iterator(parts.ctx)
             self._midepoch_reload_epoch()
 
     @property
@@ -76,18 +103,19 @@ class _ResumableFitLoop(_FitLoopBase):
         # that batch's validation and its epoch's end, which stock Lightning skips (max_steps is reached). The fit
         # loop stays restarting until its first epoch is over, where the epoch loop has finished that batch.
         progress = self.epoch_loop.batch_progress
-        if self.restarting and self._midepoch.resuming and _compat.restored_on_batch_end(progress):
+        if self.restarting and self._midepoch.ctx.resuming and _compat.restored_on_batch_end(progress):
             return False
         return super().done
 
     @override
     def setup_data(self) -> None:
-        first_after_resume = self._combined_loader is None and self._midepoch.resuming
-        self._midepoch.hold_next_iter = first_after_resume
+        ctx = self._midepoch.ctx
+        first_after_resume = self._combined_loader is None and ctx.resuming
+        ctx.hold_next_iter = first_after_resume
         try:
             super().setup_data()
         finally:
-            self._midepoch.hold_next_iter = False
+            ctx.hold_next_iter = False
         if first_after_resume and self._combined_loader is not None:
             self._midepoch_reload_epoch()
 
@@ -101,7 +129,7 @@ class _ResumableFitLoop(_FitLoopBase):
     @override
     def reset(self) -> None:
         # the fit loop runs (setup_data came first): restores from now on are a tuner's, not a resume
-        self._midepoch.trained = True
+        self._midepoch.ctx.trained = True
         self.update_restart_stage()
         progress = self.epoch_loop.batch_progress
         # a checkpoint from on_train_batch_end of an epoch's last batch: stock Lightning would count that epoch as
@@ -139,7 +167,7 @@ class _ResumableFitLoop(_FitLoopBase):
     @override
     def on_advance_end(self) -> None:
         self._midepoch.saver.epoch_loop_ended()
-        session = self._midepoch
+        session = self._midepoch.ctx
         resumed_epoch_ends = self.restarting and session.resuming and _compat.all_batches_reached(self.epoch_loop)
         if not (resumed_epoch_ends and self._midepoch_plateau_metrics_fresh()):
             if resumed_epoch_ends and self._midepoch_plateau_monitors():
@@ -170,13 +198,13 @@ class _ResumableFitLoop(_FitLoopBase):
         """Whether a validation ran since the restore and every ReduceLROnPlateau's metric is at hand."""
         monitors = self._midepoch_plateau_monitors()
         metrics = self.trainer.callback_metrics
-        return self._midepoch.validated_since_resume and bool(monitors) and all(m in metrics for m in monitors)
+        return self._midepoch.ctx.validated_since_resume and bool(monitors) and all(m in metrics for m in monitors)
 
 
 class _ResumableTrainingEpochLoop(_EpochLoopBase):
-    """Mixed into the trainer's training epoch loop by :class:`_Session` when Lightning restores the loops."""
+    """Mixed into the trainer's training epoch loop by the fit loop's override when Lightning restores the loops."""
 
-    _midepoch: _Session
+    _midepoch: LoopParts
     __reduce_ex__ = stock_reduce
 
     @override
@@ -185,16 +213,16 @@ class _ResumableTrainingEpochLoop(_EpochLoopBase):
             # the checkpoint was written inside the validation after a batch (a signal served there): the random
             # states it holds are those of the validation's start, and the batch is finished from there (that
             # validation again, plateau schedulers), as after a checkpoint written in on_train_batch_end
-            self._midepoch.finish_interrupted_batch = True
+            self._midepoch.ctx.finish_interrupted_batch = True
         if self.restarting and self.restarted_on_train_batch_end:
-            self._midepoch.finish_interrupted_batch = True
+            self._midepoch.ctx.finish_interrupted_batch = True
             progress = self.batch_progress
             if progress.is_last_batch or progress.current.completed + 1 >= self.trainer.num_training_batches:
                 # stay in the interrupted epoch (stock Lightning would roll over into the next one)
                 progress.increment_completed()
                 self.reset_restart_stage()
         restarting = self.restarting
-        if self._midepoch.resuming:  # this resume is the callback's: its own warnings say what it cannot continue
+        if self._midepoch.ctx.resuming:  # this resume is the callback's: its own warnings say what it cannot continue
             with _compat.stock_warning_suppressed():
                 super().reset()
         else:  # (a restore the callback leaves to Lightning keeps stock's warning)
@@ -208,14 +236,15 @@ class _ResumableTrainingEpochLoop(_EpochLoopBase):
 
     @override
     def on_run_start(self, data_fetcher: _DataFetcher) -> None:
-        session = self._midepoch
+        parts = self._midepoch
+        session = parts.ctx
         if not session.iterator_held:
             super().on_run_start(data_fetcher)
             return
         # the first epoch after a resume: its iterator is started here, where the epoch continues; then the stock
         # method does the rest. Where it would create the epoch's iterator again (before 2.5.3, which has no
         # `is_resuming`, when the epoch loop is not restarting), that iter() keeps the one just started.
-        session.planner.start_resumed_epoch(self, data_fetcher)
+        parts.planner.start_resumed_epoch(self, data_fetcher)
         session.iterator_started = True
         try:
             super().on_run_start(data_fetcher)
@@ -224,7 +253,7 @@ class _ResumableTrainingEpochLoop(_EpochLoopBase):
 
     @override
     def advance(self, data_fetcher: _DataFetcher) -> None:
-        session = self._midepoch
+        session = self._midepoch.ctx
         if session.finish_interrupted_batch:
             # the checkpoint was written in on_train_batch_end: returning lets on_advance_end finish that batch (the
             # validation due after it, plateau schedulers), as the uninterrupted run did after writing it
@@ -242,3 +271,26 @@ class _ResumableTrainingEpochLoop(_EpochLoopBase):
         # batch would then run from other states than those the checkpoint restored)
         with _compat.evaluation_skip_wrapped(self.val_loop, _rng.isolated_global):
             super().advance(data_fetcher)
+
+
+def _set_aside_early_iterator(ctx: Shared) -> None:
+    """A resume found the train iterator already started (the data was set up before the restore): hold it back.
+
+    The iterator started before the restore drew its order from the process's states then; the resumed epoch's is
+    started where the epoch continues, as when the data is set up after the restore. Persistent workers started for
+    it are let go; the stateful loaders get the states Lightning restored (which it gives only when it sets up the
+    data after the restore: Lightning issue #20550).
+    """
+    fetcher, combined_loader = ctx.fetcher, ctx.combined_loader
+    if fetcher is None or combined_loader is None or ctx.iterator_held:
+        return
+    for loader in ctx.loaders:
+        _compat.drop_workers(loader)
+    fit_loop = ctx.trainer.fit_loop
+    if _compat.pending_loader_states(fit_loop):
+        _compat.load_loader_states(fit_loop, combined_loader)
+    ctx.hold_next_iter = True
+    try:
+        iter(fetcher)
+    finally:
+        ctx.hold_next_iter = False

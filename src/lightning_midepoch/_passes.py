@@ -16,14 +16,14 @@ from lightning_midepoch import _compat, _datalibs, _rng
 from lightning_midepoch import _state as S
 
 if TYPE_CHECKING:
-    from lightning_midepoch._session import _Session
+    from lightning_midepoch._shared import Shared
 
 
 class ResumedPass:
     """The loaders given a position for the resumed pass, and those that start their iterator at its first batch."""
 
-    def __init__(self, session: _Session) -> None:
-        self.session = session
+    def __init__(self, ctx: Shared) -> None:
+        self.ctx = ctx
         # datasets and loaders given a saved position for the resumed pass only (forgotten when the next one starts)
         self.one_pass_positions: list[Any] = []
         # the first fetch after a mid-epoch resume, where a loader that starts its iterator lazily draws a base seed
@@ -37,7 +37,7 @@ class ResumedPass:
         """
         self.one_pass_positions = [
             obj
-            for loader in self.session.loaders
+            for loader in self.ctx.loaders
             for obj in (loader, getattr(loader, "dataset", None))
             if S.loader_kind(loader) != S.KIND_MAP and obj is not None
         ]
@@ -46,7 +46,7 @@ class ResumedPass:
         """The resumed pass's first fetch is inside the epoch: watch the loaders whose iterator starts there."""
         self.lazy_starts = [
             index
-            for index, loader in enumerate(self.session.loaders)
+            for index, loader in enumerate(self.ctx.loaders)
             if S.loader_kind(loader) == S.KIND_STATEFUL and inspect.isgeneratorfunction(type(loader).__iter__)
         ]
 
@@ -81,13 +81,13 @@ class ResumedPass:
         if torch.equal(after, _rng.after_seed_draw(before)):
             torch.set_rng_state(before)
         elif not torch.equal(after, before):  # (a loader with its own `generator` draws nothing from the global one)
-            session = self.session
+            ctx = self.ctx
             _compat.warn(
-                f"Train dataloader {loaders[0]} ({type(session.loaders[loaders[0]]).__name__}) starts its iterator at"
+                f"Train dataloader {loaders[0]} ({type(ctx.loaders[loaders[0]]).__name__}) starts its iterator at"
                 " its first batch, which after this resume is inside the epoch, and that first fetch drew from"
                 " torch's global random generator beyond the iterator's base seed (the dataset, in the main process):"
                 " the random draws that follow differ from the uninterrupted run's. Load with num_workers > 0 or"
                 " draw from generators of the dataset's own to resume exactly.",
-                session.trainer,
-                session.warned,
+                ctx.trainer,
+                ctx.warned,
             )

@@ -2,8 +2,9 @@
 
 The interrupted epoch continues exactly (each loader's recorded pass replayed past its consumed items), elastically
 on another number of devices, or from a fresh order (``on_mismatch="restart_epoch"``); a checkpoint written at an
-epoch's end starts the next epoch. :class:`ResumePlanner` is one part of a trainer's
-:class:`~lightning_midepoch._session._Session`.
+epoch's end starts the next epoch. :class:`ResumePlanner` is given the session's shared state
+(:mod:`lightning_midepoch._shared`) and the parts it arms before it starts the iterator: the restorer, the saver, the
+workers' states, the resumed pass and the batch check.
 """
 
 from __future__ import annotations
@@ -19,18 +20,32 @@ if TYPE_CHECKING:
     from lightning.pytorch.loops.fetchers import _DataFetcher
     from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
+    from lightning_midepoch._passes import ResumedPass
     from lightning_midepoch._restoring import Restorer
-    from lightning_midepoch._session import _Session
+    from lightning_midepoch._saving import Saver
+    from lightning_midepoch._shared import Shared
 
 
 class ResumePlanner:
     """Starts the first train iterator after a resume, where the checkpoint says the epoch continues."""
 
-    def __init__(self, session: _Session, restorer: Restorer) -> None:
-        self.session = session
+    def __init__(
+        self,
+        ctx: Shared,
+        restorer: Restorer,
+        saver: Saver,
+        workers: _workers.WorkerStates,
+        resumed_pass: ResumedPass,
+        batch_check: _batch_check.BatchCheck,
+    ) -> None:
+        self.ctx = ctx
         self.restorer = restorer
-        self.trainer = session.trainer
-        self.warned = session.warned
+        self.saver = saver
+        self.workers = workers
+        self.resumed_pass = resumed_pass
+        self.batch_check = batch_check
+        self.trainer = ctx.trainer
+        self.warned = ctx.warned
 
     @property
     def loaded(self) -> Mapping[str, Any] | None:
@@ -38,14 +53,14 @@ class ResumePlanner:
 
     def start_resumed_epoch(self, epoch_loop: _TrainingEpochLoop, fetcher: _DataFetcher) -> None:
         """Start the first train iterator after a resume: where the interrupted epoch continues, or a new epoch."""
-        self.session.iterator_held = False
+        self.ctx.iterator_held = False
         trainer = self.trainer
         fit_loop = trainer.fit_loop
         consumed = epoch_loop.batch_progress.current.ready
         epoch = trainer.current_epoch
         rank_state = self.restorer.rank_state()
         records: list[Any] = list(rank_state[S.KEY_PASSES]) if rank_state is not None else []
-        records += [None] * (len(self.session.loaders) - len(records))
+        records += [None] * (len(self.ctx.loaders) - len(records))
         new_epoch = not (fit_loop.restarted_mid_epoch or fit_loop.restarted_on_epoch_end)
         # a pass recorded in this epoch before its first batch is the epoch's own in epoch 0 only (started by the
         # fit loop's setup_data); later, an epoch that reloads the loaders starts a pass there too, but the stock
@@ -59,7 +74,7 @@ class ResumePlanner:
             self._warn_stock_checkpoint()
         if starts_epoch:
             continued = self._leave_finished_passes(epoch)
-            self.session.saver.loaded_loader_states = []  # the epoch's first fetch is from a new iterator
+            self.saver.loaded_loader_states = []  # the epoch's first fetch is from a new iterator
             # a new epoch: its order is drawn now from the live states, exactly as in the uninterrupted run; except
             # that epoch 0's iterator was started before on_train_epoch_start, and its stateful loaders continue it
             rewound = self._rewound_loaders(epoch)
@@ -68,7 +83,7 @@ class ResumePlanner:
             if continued:
                 with _rng.isolated_global():
                     self._build(fetcher, replays)
-                self.session.resumed_pass.positions_given()
+                self.resumed_pass.positions_given()
             else:
                 self._build(fetcher, replays)
             return
@@ -76,7 +91,7 @@ class ResumePlanner:
             self._warn_swa()
         if fit_loop.restarted_mid_epoch and _compat.has_callback(trainer, "BaseFinetuning"):
             self._warn_finetuning()
-        for index, loader in enumerate(self.session.loaders):
+        for index, loader in enumerate(self.ctx.loaders):
             if S.loader_kind(loader) == S.KIND_FOREIGN:
                 self._warn_foreign(index, loader)
             if S.loader_kind(loader) == S.KIND_STATEFUL and getattr(loader, "num_workers", 0) > 0:
@@ -92,7 +107,7 @@ class ResumePlanner:
             iter(fetcher)  # on_mismatch="restart_epoch": continue as stock Lightning does
             return
         if plan == "elastic":
-            if self._fingerprinted() and self.session.verify_batch != "off":
+            if self._fingerprinted() and self.ctx.verify_batch != "off":
                 _compat.info(
                     "MidEpochResume: this resume continues the epoch on another number of devices, so each rank loads"
                     " other batches than it did before: the checkpoint's fingerprint of its last batch is not"
@@ -101,17 +116,17 @@ class ResumePlanner:
                 )
             self._start_elastic_epoch(epoch_loop, fetcher, consumed)
             return
-        at_epoch_end = self.session.finish_interrupted_batch and epoch_loop.batch_progress.is_last_batch
-        mode = _compat.combined_mode(self.session.combined_loader)  # type: ignore[arg-type]
+        at_epoch_end = self.ctx.finish_interrupted_batch and epoch_loop.batch_progress.is_last_batch
+        mode = _compat.combined_mode(self.ctx.combined_loader)  # type: ignore[arg-type]
         replays = {}
         # the batch check: the data positions saved are those before the last batch trained, which is loaded again
         start = consumed - self._expect_batch(epoch, consumed)
         # iterable datasets read in workers continue where each worker's copy was
         workers_to_arm: dict[int, tuple[int, bool]] = {
-            index: (start, True) for index in self.session.workers.loaders if self.session.recorders[index] is None
+            index: (start, True) for index in self.workers.loaders if self.ctx.recorders[index] is None
         }
         self.restorer.restore_dataset_states(rank_state, at_epoch_end, from_start=start == 0, exclude=workers_to_arm)
-        for index, recorder in enumerate(self.session.recorders):
+        for index, recorder in enumerate(self.ctx.recorders):
             if recorder is None:
                 continue
             record = records[index]
@@ -126,7 +141,7 @@ class ResumePlanner:
             generators = saved[index] if index < len(saved) else None
             replays[index] = _Replay(replay_record, skip, pass_index, generators=generators)
             continues = record is not None and record["epoch"] == epoch and record["index"] == pass_index
-            if continues or _workers.persist(recorder, self.session.loaders[index]):
+            if continues or _workers.persist(recorder, self.ctx.loaders[index]):
                 workers_to_arm[index] = (skip, continues)
         for index in self._arm_workers(rank_state, workers_to_arm):
             if index in replays:
@@ -134,7 +149,7 @@ class ResumePlanner:
         with _rng.isolated_global():
             self._build(fetcher, replays)
         if self._fingerprinted():
-            self.session.batch_check.conclude()  # (every rank: the ranks agree on the outcome)
+            self.batch_check.conclude()  # (every rank: the ranks agree on the outcome)
         # replaying moved the loaders' own generators back to where the pass started; a pass that draws (again) at
         # its first next() sets them itself, but one that is never advanced again must still end where it was. A
         # replayed pass that knows how far the loader had taken it sets them at that position itself.
@@ -146,10 +161,10 @@ class ResumePlanner:
             # fetched ahead from the datasets that keep their own position; they start the next epoch where they were
             self.restorer.reload_dataset_states(rank_state)
         if not at_epoch_end and not _compat.held_batches(fetcher):  # (a fetch ahead was isolated with the build)
-            self.session.resumed_pass.starts_mid_epoch()
+            self.resumed_pass.starts_mid_epoch()
         # what was restored holds for this pass only: later passes start afresh, as in the uninterrupted run
-        self.session.resumed_pass.positions_given()
-        _compat.set_batch_index(self.session.combined_loader, consumed)  # type: ignore[arg-type]
+        self.resumed_pass.positions_given()
+        _compat.set_batch_index(self.ctx.combined_loader, consumed)  # type: ignore[arg-type]
         if pulled:
             # the epoch loop adds the steps it restored to the fetcher's count; the steps pulled `consumed` batches,
             # and the fetcher tells the epoch's end from that count (one step too many otherwise)
@@ -169,17 +184,17 @@ class ResumePlanner:
         rank_state = self.restorer.rank_state()
         entry = rank_state.get(S.KEY_LAST_BATCH) if rank_state is not None else None
         if entry is None:
-            self.session.batch_check.expect(None, "")
+            self.batch_check.expect(None, "")
             return 0
         saved_generators = entry.get(S.KEY_DATASET_GENERATORS) or []
 
         def set_states() -> None:
             _rng.restore_global(entry["rng"])
-            for index, objects in self.session.saver.dataset_generators.items():
+            for index, objects in self.saver.dataset_generators.items():
                 if index < len(saved_generators) and saved_generators[index]:
                     _rng.restore_objects(objects, saved_generators[index])
 
-        self.session.batch_check.expect(
+        self.batch_check.expect(
             _batch_check.Refetch(entry["fingerprint"], set_states), f"batch_idx {consumed - 1} of epoch {epoch}"
         )
         return 1
@@ -196,13 +211,13 @@ class ResumePlanner:
         from there is that iterator's, which continues (True is returned: its start draws nothing again).
         """
         fit_loop = self.trainer.fit_loop
-        combined_loader = self.session.combined_loader
-        stateful = [loader for loader in self.session.loaders if S.loader_kind(loader) == S.KIND_STATEFUL]
+        combined_loader = self.ctx.combined_loader
+        stateful = [loader for loader in self.ctx.loaders if S.loader_kind(loader) == S.KIND_STATEFUL]
         if combined_loader is None or not stateful:
             return False
         if _compat.pending_loader_states(fit_loop):
             _compat.load_loader_states(fit_loop, combined_loader)
-        elif not self.session.saver.loaded_loader_states:
+        elif not self.saver.loaded_loader_states:
             return False  # the checkpoint holds no states for them
         elif epoch == 0:
             return True
@@ -219,7 +234,7 @@ class ResumePlanner:
         A new iterator draws a worker base seed from the process-wide generator; resetting persistent workers does
         not. Those loaders keep the live states still across that draw.
         """
-        return [index for index in self._reused_workers(epoch) if self.session.recorders[index] is not None]
+        return [index for index in self._reused_workers(epoch) if self.ctx.recorders[index] is not None]
 
     def _reused_workers(self, epoch: int) -> list[int]:
         """Loaders whose persistent workers the uninterrupted run reused at this epoch's start."""
@@ -227,7 +242,7 @@ class ResumePlanner:
         created_at = epoch - epoch % n if n else 0  # when the uninterrupted run last created the loader
         return [
             index
-            for index, loader in enumerate(self.session.loaders)
+            for index, loader in enumerate(self.ctx.loaders)
             if isinstance(getattr(loader, "num_workers", None), int)
             and loader.num_workers > 0
             and loader.persistent_workers
@@ -238,9 +253,9 @@ class ResumePlanner:
     def _warn_iterables_in_reused_workers(self, epoch: int) -> None:
         """An iterable dataset's persistent workers are not recorded at a pass's end: say what that changes."""
         for index in self._reused_workers(epoch):
-            if index not in self.session.workers.loaders or self.session.recorders[index] is not None:
+            if index not in self.workers.loaders or self.ctx.recorders[index] is not None:
                 continue
-            name = type(self.session.loaders[index].dataset).__name__
+            name = type(self.ctx.loaders[index].dataset).__name__
             _compat.warn(
                 f"Train dataloader {index} reads an IterableDataset ({name}) in persistent worker processes, and the"
                 " checkpoint was written after the last batch of an epoch: the workers' copies of the dataset and"
@@ -249,19 +264,19 @@ class ResumePlanner:
                 " which draws the new workers' seed) differ from the uninterrupted run's. A checkpoint written before"
                 " the epoch's last batch is finished continues them exactly.",
                 self.trainer,
-                self.session.warned,
+                self.ctx.warned,
             )
 
     def _build(self, fetcher: _DataFetcher, replays: Mapping[int, _Replay]) -> None:
         """Create the train iterator with the given loaders armed to replay."""
         for index, replay in replays.items():
-            self.session.recorders[index].arm(replay)  # type: ignore[union-attr]
+            self.ctx.recorders[index].arm(replay)  # type: ignore[union-attr]
         try:
             iter(fetcher)
         finally:
             for index in replays:
-                self.session.recorders[index].disarm()  # type: ignore[union-attr]
-        for index, problem in self.session.workers.resumed().items():
+                self.ctx.recorders[index].disarm()  # type: ignore[union-attr]
+        for index, problem in self.workers.resumed().items():
             self._warn_workers(index, problem)
 
     def _arm_workers(
@@ -275,42 +290,42 @@ class ResumePlanner:
         """
         armed = []
         for index, (skip, continues) in positions.items():
-            problem = self.session.workers.arm(index, _workers.saved_entry(rank_state, index), skip, continues)
-            if problem is not None and self.session.recorders[index] is None:
+            problem = self.workers.arm(index, _workers.saved_entry(rank_state, index), skip, continues)
+            if problem is not None and self.ctx.recorders[index] is None:
                 # its copies in the workers start from the beginning
-                self.restorer.warn_iterable(index, self.session.loaders[index])
+                self.restorer.warn_iterable(index, self.ctx.loaders[index])
             elif problem is not None:
                 self._warn_workers(index, problem)
-            elif index in self.session.workers.loaders:
+            elif index in self.workers.loaders:
                 armed.append(index)
         return armed
 
     def _warn_workers(self, index: int, problem: str) -> None:
-        workers = self.session.loaders[index].num_workers
+        workers = self.ctx.loaders[index].num_workers
         _compat.warn(
             f"Train dataloader {index} loads its batches in {workers} worker process(es) whose random states cannot be"
             f" continued: {problem}. Whatever its dataset draws in the workers (random augmentation) differs from the"
             " uninterrupted run's from here on; the order of the samples is still exact.",
             self.trainer,
-            self.session.warned,
+            self.ctx.warned,
         )
 
     def _check_checkpoint(self) -> str:
         """How the interrupted epoch continues: ``"exact"``, ``"elastic"`` or ``"restart"`` (the opt-out)."""
         assert self.loaded is not None
         fix = 'pass `MidEpochResume(on_mismatch="restart_epoch")` to continue the epoch from a fresh order'
-        current = [S.loader_facts(loader) for loader in self.session.loaders]
+        current = [S.loader_facts(loader) for loader in self.ctx.loaders]
         saved_world_size = self.loaded[S.KEY_WORLD_SIZE]
         elastic = bool(self.loaded.get(S.KEY_ELASTIC)) or saved_world_size != self.trainer.world_size
         try:
-            S.check_mode(self.loaded.get(S.KEY_MODE), _compat.combined_mode(self.session.combined_loader), fix)  # type: ignore[arg-type]
+            S.check_mode(self.loaded.get(S.KEY_MODE), _compat.combined_mode(self.ctx.combined_loader), fix)  # type: ignore[arg-type]
             S.check_loaders(self.loaded[S.KEY_LOADERS], current, fix, same_world_size=not elastic)
             if elastic:
                 S.check_elastic(
                     self.loaded[S.KEY_LOADERS], saved_world_size, self.trainer.world_size, fix, self._order_recorded()
                 )
         except S.MidEpochResumeError as error:
-            if self.session.on_mismatch == "raise":
+            if self.ctx.on_mismatch == "raise":
                 raise
             _compat.warn(
                 f"{error} Continuing the interrupted epoch from a freshly started order (on_mismatch='restart_epoch'):"
@@ -341,7 +356,7 @@ class ResumePlanner:
         """
         assert self.loaded is not None
         trainer = self.trainer
-        loader, recorder = self.session.loaders[0], self.session.recorders[0]
+        loader, recorder = self.ctx.loaders[0], self.ctx.recorders[0]
         assert recorder is not None
         previous = self.loaded.get(S.KEY_ELASTIC)
         if previous and previous["epoch"] == trainer.current_epoch:
@@ -378,11 +393,11 @@ class ResumePlanner:
             else mine
         )
         offset = max(len(recorder) - len(items), 0)
-        self.session.elastic = {**elastic, "current": {**layout, "batch_offset": offset}}
+        self.ctx.elastic = {**elastic, "current": {**layout, "batch_offset": offset}}
         _compat.move_batch_progress(epoch_loop.batch_progress, offset)
         with _rng.isolated_global():
             self._build(fetcher, {0: _Replay(None, 0, 0, batches=items)})
-        _compat.set_batch_index(self.session.combined_loader, offset)  # type: ignore[arg-type]
+        _compat.set_batch_index(self.ctx.combined_loader, offset)  # type: ignore[arg-type]
         _compat.info(
             f"Finishing epoch {trainer.current_epoch} on {trainer.world_size} device(s): {len(left)} samples were"
             f" not consumed before the checkpoint; this rank trains {len(items)} batch(es) of them.",

@@ -3,8 +3,9 @@
 The random states, the loaders' own generators, iterable datasets' positions and partial gradients it holds are
 restored when the resumed run starts training.
 
-:class:`Restorer` is one part of a trainer's :class:`~lightning_midepoch._session._Session`; where each loader
-continues is :mod:`lightning_midepoch._planning`'s concern.
+:class:`Restorer` is given the session's shared state (:mod:`lightning_midepoch._shared`) and the saver, whose
+record of the loaders' positions and the datasets' generators it sets; where each loader continues is
+:mod:`lightning_midepoch._planning`'s concern.
 """
 
 from __future__ import annotations
@@ -17,16 +18,18 @@ from lightning_midepoch import _compat, _datalibs, _rng, _validate
 from lightning_midepoch import _state as S
 
 if TYPE_CHECKING:
-    from lightning_midepoch._session import _Session
+    from lightning_midepoch._saving import Saver
+    from lightning_midepoch._shared import Shared
 
 
 class Restorer:
     """The checkpoint's MidEpochResume state for one fit, and the restoring of what it holds."""
 
-    def __init__(self, session: _Session) -> None:
-        self.session = session
-        self.trainer = session.trainer
-        self.warned = session.warned
+    def __init__(self, ctx: Shared, saver: Saver) -> None:
+        self.ctx = ctx
+        self.saver = saver
+        self.trainer = ctx.trainer
+        self.warned = ctx.warned
         self.loaded: Mapping[str, Any] | None = None  # the checkpoint's state, once Lightning restored the callback
         self._live_pending = False
         self.entry_found = False  # the checkpoint resumed has a MidEpochResume entry (possibly an empty one)
@@ -34,7 +37,7 @@ class Restorer:
         self.restored_in_batch = False  # the checkpoint resumed was written inside a batch (Lightning re-runs it)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if self.session.trained:
+        if self.ctx.trained:
             # Lightning's tuners restore the checkpoint they wrote before their trial steps in the middle of a fit:
             # stock Lightning then keeps the process's random states and the loops start afresh, and so does this
             return
@@ -49,7 +52,7 @@ class Restorer:
 
     def _discard(self, error: _validate.DamagedStateError) -> None:
         """Raise on a damaged state, or (``on_mismatch="restart_epoch"``) resume as if the checkpoint had none."""
-        if self.session.on_mismatch == "raise":
+        if self.ctx.on_mismatch == "raise":
             raise error
         _compat.warn(
             f"The checkpoint's MidEpochResume state is damaged: {error.problem} Resuming without it"
@@ -68,10 +71,10 @@ class Restorer:
         Lightning's tuners also reset the loops (from a copy of their state, before their trial steps) and restore
         their own checkpoint after them: neither is a resume.
         """
-        if not self.session.trained and _compat.restoring_checkpoint(self.trainer):
-            self.session.resuming = True
+        if not self.ctx.trained and _compat.restoring_checkpoint(self.trainer):
+            self.ctx.resuming = True
             # what the stateful loaders are given (if Lightning gives it) is their state before the first fetch
-            self.session.saver.loaded_loader_states = _compat.pending_loader_states(self.trainer.fit_loop)
+            self.saver.loaded_loader_states = _compat.pending_loader_states(self.trainer.fit_loop)
             self.reopen_stopped_epoch()
             fit_loop = self.trainer.fit_loop
             if fit_loop.restarting and _compat.epoch_trained(fit_loop.epoch_progress):
@@ -187,7 +190,7 @@ class Restorer:
         Those of the loaders in ``restored`` are set by their replayed pass (only missing ones are reported).
         """
         states = rank_state.get(S.KEY_GENERATORS, []) if rank_state is not None else []
-        for index, (recorder, objects) in enumerate(zip(self.session.recorders, states, strict=False)):
+        for index, (recorder, objects) in enumerate(zip(self.ctx.recorders, states, strict=False)):
             if recorder is not None and objects:
                 if index in restored:
                     missing = [path for path in objects if path not in recorder.rng_objects]
@@ -196,7 +199,7 @@ class Restorer:
                 if missing:
                     self._warn_missing_generators(index, missing)
         self._restore_dataset_generators(rank_state)
-        for index, paths in self.session.out_of_reach.items():
+        for index, paths in self.ctx.out_of_reach.items():
             _compat.warn(
                 f"The sampler chain of train dataloader {index} goes deeper than the search for random generators"
                 f" ({', '.join(paths)}): a generator kept there is neither saved nor restored, so the resumed order"
@@ -208,10 +211,10 @@ class Restorer:
 
     def _restore_dataset_generators(self, rank_state: Mapping[str, Any] | None) -> None:
         """Set the generators of the datasets read in the main process to their states (they draw as they load)."""
-        saver = self.session.saver
+        saver = self.saver
         saved = rank_state.get(S.KEY_DATASET_GENERATORS) if rank_state is not None else None
         for index, states in enumerate(saved or []):
-            in_main = index < len(self.session.loaders) and not getattr(self.session.loaders[index], "num_workers", 0)
+            in_main = index < len(self.ctx.loaders) and not getattr(self.ctx.loaders[index], "num_workers", 0)
             if in_main and states and any(path not in saver.dataset_generators.get(index, {}) for path in states):
                 self._create_lazy_generators(index)
         current = saver.dataset_generators
@@ -232,13 +235,13 @@ class Restorer:
         The original dataset had created them by the checkpoint; this one has not yet. The sample is loaded with the
         process-wide states kept still, and its draws from the new generators are overwritten by their saved states.
         """
-        dataset = self.session.loaders[index].dataset
+        dataset = self.ctx.loaders[index].dataset
         with _rng.isolated_global(), contextlib.suppress(Exception):  # (still missing then: reported)
             if callable(getattr(dataset, "__getitems__", None)):
                 dataset.__getitems__([0])
             else:
                 dataset[0]
-        self.session.saver.find_dataset_generators(index)
+        self.saver.find_dataset_generators(index)
 
     def _warn_unsaved_dataset_generators(self, index: int, paths: list[str]) -> None:
         _compat.warn(
@@ -262,14 +265,14 @@ class Restorer:
         )
 
     def reload_dataset_states(self, rank_state: Mapping[str, Any] | None) -> None:
-        for loader, state in zip(self.session.loaders, self._saved_dataset_states(rank_state), strict=False):
+        for loader, state in zip(self.ctx.loaders, self._saved_dataset_states(rank_state), strict=False):
             if state is not None:
                 loader.dataset.load_state_dict(state)
 
     def _saved_dataset_states(self, rank_state: Mapping[str, Any] | None) -> list[Any]:
         """The rank's saved dataset states, one per train loader (None where nothing was saved)."""
         states = list(rank_state.get(S.KEY_DATASET_STATES, [])) if rank_state is not None else []
-        return states + [None] * (len(self.session.loaders) - len(states))
+        return states + [None] * (len(self.ctx.loaders) - len(states))
 
     def restore_dataset_states(
         self,
@@ -286,7 +289,7 @@ class Restorer:
         ``exclude``: loaders read in workers, whose copies continue from the states their workers saved.
         """
         states = self._saved_dataset_states(rank_state)
-        for index, (loader, state) in enumerate(zip(self.session.loaders, states, strict=False)):
+        for index, (loader, state) in enumerate(zip(self.ctx.loaders, states, strict=False)):
             if index in exclude:
                 continue  # read in workers: each worker's copy continues from its own saved state
             if state is not None:

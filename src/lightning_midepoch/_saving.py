@@ -20,7 +20,8 @@ from lightning_midepoch import _state as S
 from lightning_midepoch.__about__ import __version__
 
 if TYPE_CHECKING:
-    from lightning_midepoch._session import _Session
+    from lightning_midepoch._shared import Shared
+    from lightning_midepoch._workers import WorkerStates
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,9 @@ class Saver:
     torch's generator state at each batch, the process-wide states at each epoch), and builds the state to save.
     """
 
-    def __init__(self, session: _Session) -> None:
-        self.session = session
+    def __init__(self, ctx: Shared, workers: WorkerStates) -> None:
+        self.ctx = ctx
+        self.workers = workers  # the random states inside the train loaders' worker processes
         # iterable datasets that save their own position: their states before each of the latest fetches of this
         # epoch's iterator, each with the fetcher's count of fetched batches then
         self.dataset_history: dict[int, deque[tuple[int, Any]]] = {}
@@ -92,7 +94,7 @@ class Saver:
         }
         self.follows_positions = bool(self.dataset_history or self.loader_history)
         # (one that the sampler chain holds too is the pass records' to restore)
-        chains = [recorder.rng_objects.values() if recorder is not None else () for recorder in self.session.recorders]
+        chains = [recorder.rng_objects.values() if recorder is not None else () for recorder in self.ctx.recorders]
         self._in_chains = {id(obj) for objects in chains for obj in objects}
         self.dataset_generators = {}
         self.dataset_generators_at_fetch = {}
@@ -104,7 +106,7 @@ class Saver:
         Searched when the loaders are set up, and again at each checkpoint and before a resume: a dataset may create
         its generator on its first sample.
         """
-        for position, loader in enumerate(self.session.loaders):
+        for position, loader in enumerate(self.ctx.loaders):
             if index is not None and position != index:
                 continue
             found = _main_process_generators(loader)
@@ -121,11 +123,12 @@ class Saver:
     def before_fetch(self) -> None:
         """Called right before every fetch from the train loaders, where :attr:`fetch_work` says there is work.
 
-        The session reads the process-wide states first (``batch_start.take()``, which runs at every batch): a
-        checkpoint written inside the batch makes a resumed run fetch it again, and a dataset read in the main
-        process draws its augmentation as its samples are loaded, so the re-run batch starts from the states before
-        the fetch (see :class:`lightning_midepoch._rng.BatchStartStates`). Here: the datasets' own generators, and
-        the loaders' positions.
+        The recording (:class:`~lightning_midepoch._recording.Recording`) reads the process-wide states first
+        (``batch_start.take()``, which runs at every batch): a checkpoint written inside the batch makes a resumed run
+        fetch it again, and a dataset read in the main process draws its augmentation as its samples are loaded, so
+        the re-run batch starts from the states before the fetch (see
+        :class:`lightning_midepoch._rng.BatchStartStates`). Here: the datasets' own generators, and the loaders'
+        positions.
         """
         self._take_dataset_generators()
         if self.follows_positions:
@@ -144,15 +147,15 @@ class Saver:
 
     def _follow_positions(self) -> None:
         """The positions of the train loaders that save their own, before the fetch."""
-        fetched = getattr(self.session.fetcher, "fetched", 0)
+        fetched = getattr(self.ctx.fetcher, "fetched", 0)
         for index, history in self.dataset_history.items():
-            history.append((fetched, self.session.loaders[index].dataset.state_dict()))
+            history.append((fetched, self.ctx.loaders[index].dataset.state_dict()))
         # a copy: a loader may hand out (and later update) its own state object. Before the first fetch of a resumed
         # pass the state is the one it was given: litdata's StreamingDataLoader would overwrite that with its dataset's
         # still stale epoch if asked now
         loaded, self.loaded_loader_states = self.loaded_loader_states, []
         for position, (index, history) in enumerate(self.loader_history.items()):
-            state = loaded[position] if position < len(loaded) else self.session.loaders[index].state_dict()
+            state = loaded[position] if position < len(loaded) else self.ctx.loaders[index].state_dict()
             history.append((fetched, _dicts_copied(state)))
 
     def iterator_started(self) -> None:
@@ -163,7 +166,7 @@ class Saver:
         again (a DataLoader iterator draws its base seed from torch's process-wide generator), as with a map-style
         loader's pass record.
         """
-        epoch = self.session.trainer.current_epoch
+        epoch = self.ctx.trainer.current_epoch
         for history in self.loader_history.values():
             history.clear()
         for index, history in self.dataset_history.items():
@@ -193,20 +196,20 @@ class Saver:
         counts the epoch as finished, but a longer run would have continued it: checkpoints written from now on
         record this moment, and resuming one continues the epoch.
         """
-        epoch_loop = self.session.trainer.fit_loop.epoch_loop
+        epoch_loop = self.ctx.trainer.fit_loop.epoch_loop
         progress = epoch_loop.batch_progress.current
         finished_batches = 0 < progress.ready == progress.completed  # not cancelled by on_train_batch_start -> -1
         if finished_batches and not _compat.all_batches_reached(epoch_loop):
             self.stopped = self._snapshot_now(stopped=True)
 
     def _snapshot_now(self, stopped: bool, ranks_together: bool = False) -> Snapshot:
-        trainer, session = self.session.trainer, self.session
+        trainer, ctx = self.ctx.trainer, self.ctx
         self.find_dataset_generators()  # (one created since, on a first sample, is saved from now on)
         passes: list[dict[str, Any] | None] = [
             recorder.record.state_dict()
             if recorder is not None and recorder.record is not None
             else self.dataset_passes.get(index)
-            for index, recorder in enumerate(self.session.recorders)
+            for index, recorder in enumerate(self.ctx.recorders)
         ]
         grads = self._partial_grads()
         inside_batch = self._inside_batch()
@@ -218,22 +221,22 @@ class Saver:
             S.KEY_PASSES: passes,
             S.KEY_GENERATORS: [
                 _rng.capture_objects(recorder.rng_objects) if recorder is not None else None
-                for recorder in self.session.recorders
+                for recorder in self.ctx.recorders
             ],
-            S.KEY_DATASET_STATES: [self._dataset_state(index, rewind) for index in range(len(self.session.loaders))],
+            S.KEY_DATASET_STATES: [self._dataset_state(index, rewind) for index in range(len(self.ctx.loaders))],
             S.KEY_GRADS: grads,
             S.KEY_LAST_BATCH: last_batch,
         }
         if self.dataset_generators:  # (the key is absent where no dataset read in the main process owns a generator)
             rank_state[S.KEY_DATASET_GENERATORS] = [
-                self._dataset_generator_states(index, inside_batch) for index in range(len(self.session.loaders))
+                self._dataset_generator_states(index, inside_batch) for index in range(len(self.ctx.loaders))
             ]
-        if session.workers.loaders:
-            epoch_ended = bool(session.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+        if self.workers.loaders:
+            epoch_ended = bool(ctx.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
             # (handling an exception, nothing waits for the workers: they may be gone, or never have started)
             wait = not (_compat.interrupted(trainer) or self.apart)
-            rank_state[S.KEY_WORKERS] = session.workers.state_dict(self._worker_positions(rewind), epoch_ended, wait)
-        fetcher = self.session.fetcher
+            rank_state[S.KEY_WORKERS] = self.workers.state_dict(self._worker_positions(rewind), epoch_ended, wait)
+        fetcher = self.ctx.fetcher
         fetched = 0
         if fetcher is not None and fetcher.iterator is not None:
             fetched = fetcher.fetched - len(_compat.held_batches(fetcher))
@@ -246,13 +249,9 @@ class Saver:
             S.KEY_FETCHED: fetched,
             S.KEY_STOPPED: stopped,
             S.KEY_WORLD_SIZE: trainer.world_size,
-            S.KEY_MODE: _compat.combined_mode(self.session.combined_loader)
-            if self.session.combined_loader is not None
-            else "",
-            S.KEY_ELASTIC: session.elastic
-            if session.elastic and session.elastic["epoch"] == trainer.current_epoch
-            else None,
-            S.KEY_LOADERS: [S.loader_facts(loader) for loader in self.session.loaders],
+            S.KEY_MODE: _compat.combined_mode(self.ctx.combined_loader) if self.ctx.combined_loader is not None else "",
+            S.KEY_ELASTIC: ctx.elastic if ctx.elastic and ctx.elastic["epoch"] == trainer.current_epoch else None,
+            S.KEY_LOADERS: [S.loader_facts(loader) for loader in self.ctx.loaders],
         }
         interrupted = _compat.interrupted(trainer)
         own_only = (interrupted and not ranks_together) or self.apart
@@ -268,23 +267,23 @@ class Saver:
         loaded from are gone (loaded in the main process before the batch Lightning holds ahead, or before a
         generator its dataset created on a first sample was found).
         """
-        session = self.session
-        trainer, fetcher = session.trainer, session.fetcher
-        if session.verify_batch == "off" or inside_batch or _compat.interrupted(trainer) or self._inside_epoch_start():
+        ctx = self.ctx
+        trainer, fetcher = ctx.trainer, ctx.fetcher
+        if ctx.verify_batch == "off" or inside_batch or _compat.interrupted(trainer) or self._inside_epoch_start():
             return None
         if fetcher is None or fetcher.iterator is None or _compat.steps_pull_batches(fetcher):
             return None
         if _compat.all_batches_reached(trainer.fit_loop.epoch_loop) or (
-            session.elastic and session.elastic["epoch"] == trainer.current_epoch
+            ctx.elastic and ctx.elastic["epoch"] == trainer.current_epoch
         ):
             return None
-        kinds = [S.loader_kind(loader) for loader in session.loaders]
-        if S.KIND_STATEFUL in kinds or S.KIND_FOREIGN in kinds or any(map(_out_of_order, session.loaders)):
+        kinds = [S.loader_kind(loader) for loader in ctx.loaders]
+        if S.KIND_STATEFUL in kinds or S.KIND_FOREIGN in kinds or any(map(_out_of_order, ctx.loaders)):
             return None
         held = len(_compat.held_batches(fetcher))
-        if held > 1 or (held and any(not getattr(loader, "num_workers", 0) for loader in session.loaders)):
+        if held > 1 or (held and any(not getattr(loader, "num_workers", 0) for loader in ctx.loaders)):
             return None
-        batch = session.previous_batch if held else session.last_batch
+        batch = ctx.previous_batch if held else ctx.last_batch
         at_fetch = self.dataset_generators_at_fetch
         if batch is None or any(set(at_fetch.get(i, ())) != set(gens) for i, gens in self.dataset_generators.items()):
             return None
@@ -292,7 +291,7 @@ class Saver:
         rng = {kind: state for kind, state in self.batch_start.states().items() if kind != "cuda"}
         entry: dict[str, Any] = {"fingerprint": _batch_check.fingerprint(batch), "rng": rng}
         if self.dataset_generators:
-            entry["dataset_generators"] = [at_fetch.get(index) for index in range(len(session.loaders))]
+            entry["dataset_generators"] = [at_fetch.get(index) for index in range(len(ctx.loaders))]
         return entry
 
     def _worker_positions(self, rewind: int) -> dict[int, int]:
@@ -300,18 +299,18 @@ class Saver:
 
         ``rewind``: the batches before that the resumed run loads again for the batch check.
         """
-        session = self.session
-        fetcher = session.fetcher
-        batch = session.trainer.fit_loop.epoch_loop.batch_progress.current
+        ctx = self.ctx
+        fetcher = ctx.fetcher
+        batch = ctx.trainer.fit_loop.epoch_loop.batch_progress.current
         if _compat.steps_pull_batches(fetcher):  # steps pull their batches: the fetcher counts them
             consumed = fetcher.fetched - len(_compat.held_batches(fetcher)) if fetcher is not None else 0
         else:
             # as the resumed run counts them; written inside a batch, Lightning fetches that batch again
             consumed = batch.ready - (1 if batch.processed < batch.ready else 0) - rewind  # type: ignore[attr-defined]
-        mode = _compat.combined_mode(session.combined_loader) if session.combined_loader is not None else ""
+        mode = _compat.combined_mode(ctx.combined_loader) if ctx.combined_loader is not None else ""
         positions = {}
-        for index in session.workers.loaders:
-            recorder = session.recorders[index]
+        for index in self.workers.loaders:
+            recorder = ctx.recorders[index]
             record = recorder.record if recorder is not None else None
             if recorder is None:  # an iterable dataset: one pass per epoch
                 positions[index] = max(consumed, 0)
@@ -337,7 +336,7 @@ class Saver:
             return None
         states = []
         for index, history in self.loader_history.items():
-            loader = self.session.loaders[index]
+            loader = self.ctx.loaders[index]
             state = self._pending_state(history, lambda: None)
             stale = _datalibs.lags_a_pass(getattr(loader, "dataset", None))
             if state is not None and state is _pending_first(history) and stale:
@@ -353,8 +352,8 @@ class Saver:
             f" was finished, while its {type(loader.dataset).__name__} still reported its previous pass as its state:"
             " the checkpoint holds the loader's state after the batches Lightning had fetched, which a resumed run"
             " skips (as stock Lightning does). Checkpoints written later in the epoch resume exactly.",
-            self.session.trainer,
-            self.session.warned,
+            self.ctx.trainer,
+            self.ctx.warned,
         )
 
     def _dataset_state(self, index: int, rewind: int) -> Any:
@@ -362,13 +361,13 @@ class Saver:
         history = self.dataset_history.get(index)
         if history is None:
             return None
-        return self._pending_state(history, self.session.loaders[index].dataset.state_dict, rewind)
+        return self._pending_state(history, self.ctx.loaders[index].dataset.state_dict, rewind)
 
     def _pending_state(self, history: deque[tuple[int, Any]], current: Any, rewind: int = 0) -> Any:
         """From a history of states before fetches: the state before the first fetch a resumed run makes again."""
-        fetcher = self.session.fetcher
+        fetcher = self.ctx.fetcher
         pending = len(_compat.held_batches(fetcher)) + rewind  # fetched ahead, not consumed yet; loaded again
-        batch = self.session.trainer.fit_loop.epoch_loop.batch_progress.current
+        batch = self.ctx.trainer.fit_loop.epoch_loop.batch_progress.current
         if batch.processed < batch.ready and not _compat.steps_pull_batches(fetcher):  # type: ignore[attr-defined]
             pending += 1  # written inside a batch: Lightning fetches that batch again
         # the fetches that returned a batch (the fetcher counted one more after them); not the one that met the end
@@ -384,7 +383,7 @@ class Saver:
 
     def _inside_epoch_start(self) -> bool:
         """Written inside ``on_train_epoch_start``: a resumed run runs the epoch's start again."""
-        epoch = self.session.trainer.fit_loop.epoch_progress.current
+        epoch = self.ctx.trainer.fit_loop.epoch_progress.current
         return bool(epoch.started < epoch.ready and self.epoch_start is not None)  # type: ignore[attr-defined]
 
     def _inside_batch(self) -> bool:
@@ -392,7 +391,7 @@ class Saver:
 
         A resumed run fetches the batch again and runs it again, from the states it started with.
         """
-        batch = self.session.trainer.fit_loop.epoch_loop.batch_progress.current  # (each stage counted)
+        batch = self.ctx.trainer.fit_loop.epoch_loop.batch_progress.current  # (each stage counted)
         return bool(batch.processed < batch.ready and self.batch_start.taken)  # type: ignore[attr-defined]
 
     def _dataset_generator_states(self, index: int, inside_batch: bool) -> dict[str, Any] | None:
@@ -418,7 +417,7 @@ class Saver:
         return live
 
     def _warn_backward_rerun(self) -> None:
-        if self.session.trainer.lightning_module.automatic_optimization:
+        if self.ctx.trainer.lightning_module.automatic_optimization:
             message = (
                 "A checkpoint was written after the backward pass of a batch inside a gradient accumulation group."
                 " Resuming it runs that batch again and adds its gradients a second time: the resumed run will differ"
@@ -433,8 +432,8 @@ class Saver:
             )
         _compat.warn(
             f"{message} Write checkpoints in on_train_batch_end (as ModelCheckpoint does).",
-            self.session.trainer,
-            self.session.warned,
+            self.ctx.trainer,
+            self.ctx.warned,
         )
 
     def _partial_grads(self) -> dict[str, torch.Tensor] | None:
@@ -447,7 +446,7 @@ class Saver:
         pending gradients, the usual case at a step's end, keeps the checkpoint small; all-zero gradients come back
         as ``None``, as they start in any fit).
         """
-        trainer = self.session.trainer
+        trainer = self.ctx.trainer
         module = trainer.lightning_module
         if module.automatic_optimization:
             epoch_loop = trainer.fit_loop.epoch_loop

@@ -18,7 +18,8 @@ from lightning_midepoch import _state as S
 from lightning_midepoch._batch_check import VerifyBatch
 from lightning_midepoch._preemption import SignalDeferral, writes_beside
 from lightning_midepoch._saving import Snapshot
-from lightning_midepoch._session import OnMismatch, _Session
+from lightning_midepoch._session import _Session
+from lightning_midepoch._shared import OnMismatch
 
 if TYPE_CHECKING:
     from lightning.pytorch import Callback as _CallbackBase
@@ -190,7 +191,11 @@ class MidEpochResume(_CallbackBase):
     ) -> None:
         self._serve_signals()
         session = self._session
-        if session is not None and session.fetcher is not None and _compat.validation_follows(trainer, session.fetcher):
+        if (
+            session is not None
+            and session.ctx.fetcher is not None
+            and _compat.validation_follows(trainer, session.ctx.fetcher)
+        ):
             # a checkpoint written inside the validation that follows resumes by running it again: from the states
             # it starts with (before its loader's iterator draws its seed)
             session.saver.before_validation = _rng.capture_global(include_cuda=True)
@@ -220,7 +225,7 @@ class MidEpochResume(_CallbackBase):
             self._session.saver.validation_start = None
         if not trainer.sanity_checking:
             if self._session is not None:
-                self._session.validated_since_resume = self._session.resuming
+                self._session.ctx.validated_since_resume = self._session.ctx.resuming
             self._serve_signals()
 
     @override

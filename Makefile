@@ -159,7 +159,8 @@ corpus: venv  ## every corpus project (tests/corpus): transparency and three res
 
 # `make chaos CHAOS_SEED=123` repeats a run. CHAOS_DELIVERIES signals in all with the callback (CHAOS_DDP of them to
 # 2-rank jobs, by timers), spread over the flows of tests/chaos.py, plus a stock control without it, and
-# CHAOS_UNINTERRUPTED 2-rank SLURM jobs nobody signals (every task must exit 0); about 27 minutes
+# CHAOS_UNINTERRUPTED 2-rank SLURM jobs nobody signals (every task must exit 0), then the checkpoint's delay for a
+# signal during a validation (stock and with the callback, one process and 2 ranks); about 30 minutes
 ifndef CHAOS_SEED
 CHAOS_SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
@@ -171,7 +172,7 @@ CHAOS_OUT ?= chaos-output
 chaos: venv  ## pre-emption: signals delivered at CHAOS_DELIVERIES moments of fits, every resume compared (seed printed)
 	rm -rf $(CHAOS_OUT)
 	$(BIN)/python tests/chaos.py --deliveries $(CHAOS_DELIVERIES) --ddp $(CHAOS_DDP) --stock 16 --ddp-stock 4 \
-		--uninterrupted $(CHAOS_UNINTERRUPTED) --seed $(CHAOS_SEED) --out $(CHAOS_OUT)
+		--uninterrupted $(CHAOS_UNINTERRUPTED) --validation-delay --seed $(CHAOS_SEED) --out $(CHAOS_OUT)
 
 # `make fuzz FUZZ_SEED=123` repeats a run; `FUZZ_EXAMPLES=200` runs fewer examples
 ifndef FUZZ_SEED

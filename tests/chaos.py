@@ -467,9 +467,12 @@ def slurm_step(
     timeout: float = 240,
     flow: str = "slurm",
     resume: Path | None = None,
+    extra: tuple[str, ...] = (),
 ) -> str:
     """Run one attempt of a 2-task SLURM job step (``tests/slurm_job.py`` per task): "done" or "hang"."""
-    codes = slurm_step_codes(job_dir, attempt, signal_after, stock=stock, timeout=timeout, flow=flow, resume=resume)
+    codes = slurm_step_codes(
+        job_dir, attempt, signal_after, stock=stock, timeout=timeout, flow=flow, resume=resume, extra=extra
+    )
     return "hang" if None in codes else "done"
 
 
@@ -483,19 +486,21 @@ def slurm_step_codes(
     flow: str = "slurm",
     resume: Path | None = None,
     extra: tuple[str, ...] = (),
+    ranks: int = 2,
 ) -> list[int | None]:
-    """:func:`slurm_step`, returning each task's exit code (None: it hung and was killed)."""
+    """:func:`slurm_step`, returning each task's exit code (None: it hung and was killed); ``ranks=1``: a one-task
+    job (one process, no DDP)."""
     import subprocess
 
     job_dir.mkdir(parents=True, exist_ok=True)
     port = str(_free_port())
     processes = []
-    for rank in range(2):
+    for rank in range(ranks):
         env = {
             **os.environ,
             **SLURM_ENV,
-            "SLURM_NTASKS": "2",
-            "SLURM_NTASKS_PER_NODE": "2",
+            "SLURM_NTASKS": str(ranks),
+            "SLURM_NTASKS_PER_NODE": str(ranks),
             "SLURM_PROCID": str(rank),
             "SLURM_LOCALID": str(rank),
             "MASTER_PORT": port,
@@ -516,7 +521,7 @@ def slurm_step_codes(
         command += ["--flow", flow, *(["--resume", str(resume)] if resume is not None else [])]
         if stock:
             command.append("--stock")
-        command += list(extra)
+        command += [*extra, *(["--devices", "1"] if ranks == 1 else [])]
         log = open(job_dir / f"rank{rank}-{attempt}.log", "w")  # noqa: SIM115 - closed with the process
         processes.append((subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     deadline = time.monotonic() + timeout
@@ -556,7 +561,13 @@ def _log_tails(job_dir: Path) -> str:
 
 
 def _deliver_ddp(
-    job_dir: Path, full_dir: Path, signal_after: list[float | None], *, stock: bool = False, flow_name: str = "slurm"
+    job_dir: Path,
+    full_dir: Path,
+    signal_after: list[float | None],
+    *,
+    stock: bool = False,
+    flow_name: str = "slurm",
+    extra: tuple[str, ...] = (),
 ) -> Outcome:
     """Signal ranks of a 2-rank job at their own moments (None: not that rank); the flow stops it; resume; compare
     every rank with the uninterrupted job in ``full_dir`` (an inexact outcome carries the tasks' last log lines).
@@ -565,9 +576,9 @@ def _deliver_ddp(
     Lightning's SIGTERM handling with ``OnExceptionCheckpoint``; the next job passes its file as ``ckpt_path``.
     """
     moments = "/".join("-" if moment is None else f"{moment:.2f}" for moment in signal_after)
-    label = f"2 ranks, by timers: after {moments} s"
+    label = f"2 ranks, by timers: after {moments} s" if signal_after != [None, None] else f"2 ranks: {' '.join(extra)}"
     timeout = 60 if stock else 240  # (stock Lightning hangs here: no need to wait long to see it)
-    if slurm_step(job_dir, 0, signal_after, stock=stock, flow=flow_name, timeout=timeout) == "hang":
+    if slurm_step(job_dir, 0, signal_after, stock=stock, flow=flow_name, timeout=timeout, extra=extra) == "hang":
         return Outcome("ddp", 0, label, None, False, "the signalled job hung")
     flow = Flow(f"{flow_name}-ddp", signal.SIGUSR1 if flow_name == "slurm" else signal.SIGTERM, "auto")
     _, source = _resume_checkpoint(flow, job_dir)
@@ -585,7 +596,7 @@ def _deliver_ddp(
         return Outcome("ddp", 0, label, source.name, False, served)
     trained = int(torch.load(source, weights_only=False, map_location="cpu")["chaos_trained"])
     resume = source if flow_name == "sigterm" else None
-    if slurm_step(job_dir, 1, None, stock=stock, flow=flow_name, resume=resume, timeout=timeout) == "hang":
+    if slurm_step(job_dir, 1, None, stock=stock, flow=flow_name, resume=resume, timeout=timeout, extra=extra) == "hang":
         return Outcome("ddp", 0, label, source.name, False, "the requeued job hung")
     for rank in range(2):
         if not (job_dir / f"rank{rank}-0.pt").exists():
@@ -604,13 +615,63 @@ def _deliver_ddp(
 
 
 def deliver_ddp(
-    job_dir: Path, full_dir: Path, signal_after: list[float | None], *, stock: bool = False, flow_name: str = "slurm"
+    job_dir: Path,
+    full_dir: Path,
+    signal_after: list[float | None],
+    *,
+    stock: bool = False,
+    flow_name: str = "slurm",
+    extra: tuple[str, ...] = (),
 ) -> Outcome:
-    """:func:`_deliver_ddp`, with the tasks' last log lines in an inexact outcome's reason."""
-    outcome = _deliver_ddp(job_dir, full_dir, signal_after, stock=stock, flow_name=flow_name)
+    """:func:`_deliver_ddp`, with the tasks' last log lines in an inexact outcome's reason (``extra``: more arguments
+    of both attempts' tasks, ``tests/slurm_job.py``'s)."""
+    outcome = _deliver_ddp(job_dir, full_dir, signal_after, stock=stock, flow_name=flow_name, extra=extra)
     if not outcome.exact:
         outcome.why = f"{outcome.why}\n{_log_tails(job_dir)}"
     return outcome
+
+
+#: the validation of :func:`validation_delays`: batches per rank, and the seconds each takes at least
+DELAY_BATCHES, DELAY_PACE = 6, 0.5
+
+
+def validation_delay(job_dir: Path, ranks: int, flow_name: str, *, stock: bool) -> str:
+    """One job whose first validation (``DELAY_BATCHES`` batches of at least ``DELAY_PACE`` s per rank) gets the flow's
+    signal (every rank) as its second batch starts: how long until the checkpoint, where, and how the tasks ended."""
+    extra = (
+        *("--val-size", str(2 * DELAY_BATCHES * ranks), "--val-pace", str(DELAY_PACE)),
+        *("--signal-in-validation", "1"),
+    )
+    codes = slurm_step_codes(job_dir, 0, None, stock=stock, flow=flow_name, timeout=180, extra=extra, ranks=ranks)
+    name = "SIGUSR1 (SLURM)" if flow_name == "slurm" else "SIGTERM"
+    row = f"{ranks:>5}  {name:<16}{'stock' if stock else 'callback':<10}"
+    if None in codes:
+        return f"{row}hung (exit codes {codes})"
+    result = torch.load(job_dir / "rank0-0.pt", weights_only=False)
+    if "validation_signal" not in result:
+        return f"{row}the signal was not sent (exit codes {codes})"
+    _, saves = result["validation_signal"]
+    if not saves:
+        return f"{row}no checkpoint (exit codes {codes})"
+    seconds, begun = saves[0]
+    inside = f"{begun} of {DELAY_BATCHES} batches begun" if begun is not None else "after the validation"
+    return f"{row}{seconds:>6.2f} s  {inside:<24}exit codes {codes}"
+
+
+def validation_delays(out: Path) -> None:
+    """How long a checkpoint asked for during a validation waits, stock and with the callback, in one process and
+    in a 2-rank job (printed: the number to set against a 30 s grace period is the validation batch's length)."""
+    print(
+        f"\nthe signal during a validation ({DELAY_BATCHES} batches of at least {DELAY_PACE} s per rank, sent to every"
+        " rank as the second starts): from the signal to the checkpoint",
+        flush=True,
+    )
+    print(f"{'ranks':>5}  {'signal':<16}{'':<10}{'delay':>8}  {'validation':<24}tasks", flush=True)
+    for ranks in (1, 2):
+        for flow_name in ("sigterm", "slurm"):
+            for stock in (True, False):
+                job_dir = out / f"delay-{ranks}-{flow_name}-{'stock' if stock else 'callback'}"
+                print(validation_delay(job_dir, ranks, flow_name, stock=stock), flush=True)
 
 
 def fresh_job_signals() -> None:
@@ -636,6 +697,9 @@ def main() -> None:
     parser.add_argument("--ddp-stock", type=int, default=0, help="2-rank SLURM jobs without the callback")
     parser.add_argument(
         "--uninterrupted", type=int, default=0, help="2-rank SLURM jobs never signalled: each task must exit 0"
+    )
+    parser.add_argument(
+        "--validation-delay", action="store_true", help="measure the checkpoint's delay for a signal in a validation"
     )
     parser.add_argument("--out", default="chaos-output")
     args = parser.parse_args()
@@ -684,6 +748,8 @@ def main() -> None:
             _report(f"[ddp {index + 1}/{args.ddp + args.ddp_stock}] {label} {outcome.landed}", outcome)
     clean = _uninterrupted_jobs(out, args.uninterrupted)
     _summary(outcomes, time.monotonic() - started)
+    if args.validation_delay:
+        validation_delays(out)
     ours = [outcome for label, outcome in outcomes if "STOCK" not in label]
     sys.exit(0 if clean and all(outcome.exact for outcome in ours) else 1)
 

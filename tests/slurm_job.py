@@ -27,11 +27,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from typing import Any
+
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
 
 from chaos import SLURMEnvironment, _SaveCounter
-from harness import Config, L, Model, OnExceptionCheckpoint
+from harness import Config, IndexedDataset, L, Model, OnExceptionCheckpoint
 from lightning_midepoch import MidEpochResume
 
 TRAINING = threading.Event()
@@ -56,14 +59,55 @@ class Paced(L.Callback):
 
 
 class RaiseOnOneRank(L.Callback):
-    """Rank ``rank`` raises at the end of training step ``step`` (a user's error on one rank)."""
+    """Rank ``rank`` raises at the end of training step ``step`` (a user's error on one rank), or, ``in_validation``,
+    at the end of batch ``step`` of the first validation."""
 
-    def __init__(self, rank: int, step: int) -> None:
-        self.rank, self.step = rank, step
+    def __init__(self, rank: int, step: int, in_validation: bool = False) -> None:
+        self.rank, self.step, self.in_validation = rank, step, in_validation
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
-        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+        if not self.in_validation and trainer.global_rank == self.rank and trainer.global_step == self.step:
             raise RuntimeError(f"a user's error on rank {self.rank}")
+
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, *_: Any) -> None:
+        if self.in_validation and not trainer.sanity_checking and trainer.global_rank == self.rank and batch_idx == self.step:
+            raise RuntimeError(f"a user's error on rank {self.rank}, in a validation")
+
+
+class LongValidation(Model):
+    """The harness model with ``size`` validation samples (``size / 2 / ranks`` batches per rank)."""
+
+    val_size = 4
+
+    def val_dataloader(self) -> Any:
+        return DataLoader(IndexedDataset(self.val_size, offset=500), batch_size=2, shuffle=True)
+
+
+class SignalInValidation(L.Callback):
+    """Plays the scheduler inside the first validation of the fit: the signal as its batch ``batch`` starts (to this
+    rank), then what follows as :func:`scheduler`. Each validation batch takes at least ``pace`` seconds. Notes the
+    moments (the signal's, each checkpoint's) and the validation batches begun at each checkpoint."""
+
+    def __init__(self, job_dir: Path, batch: int, pace: float, kill_wait: float, signum: int | None) -> None:
+        self.job_dir, self.batch, self.pace, self.kill_wait, self.signum = job_dir, batch, pace, kill_wait, signum
+        self.sent_at: float | None = None
+        self.saves: list[tuple[float, int | None]] = []
+
+    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int, *_: Any) -> None:
+        if trainer.sanity_checking:
+            return
+        if self.signum is not None and self.sent_at is None and batch_idx == self.batch:
+            self.sent_at = time.monotonic()
+            SIGNALLED.append(self.sent_at)
+            os.kill(os.getpid(), self.signum)
+            if self.signum != signal.SIGTERM:
+                follow = (self.job_dir, self.kill_wait)
+                threading.Thread(target=requeue_ends_the_job, args=follow, daemon=True).start()
+        time.sleep(self.pace)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        progress = trainer.fit_loop.epoch_loop.val_loop.batch_progress.current
+        self.saves.append((time.monotonic(), progress.ready if trainer.validating else None))
 
 
 def scheduler(job_dir: Path, signal_after: float, kill_wait: float, signum: int) -> None:
@@ -71,8 +115,12 @@ def scheduler(job_dir: Path, signal_after: float, kill_wait: float, signum: int)
     time.sleep(signal_after)
     SIGNALLED.append(time.monotonic())
     os.kill(os.getpid(), signum)
-    if signum == signal.SIGTERM:
-        return  # Lightning ends the job itself (its SIGTERM exception)
+    if signum != signal.SIGTERM:  # (SIGTERM: Lightning ends the job itself, its SIGTERM exception)
+        requeue_ends_the_job(job_dir, kill_wait)
+
+
+def requeue_ends_the_job(job_dir: Path, kill_wait: float) -> None:
+    """After SLURM's signal: once the requeue ran, SIGTERM to the task, and SIGKILL ``kill_wait`` seconds later."""
     while not (job_dir / "requeued").exists():
         time.sleep(0.05)
     os.kill(os.getpid(), signal.SIGTERM)  # scontrol requeue: SLURM ends every task of the job ...
@@ -91,12 +139,23 @@ def main() -> None:
     parser.add_argument("--flow", default="slurm", choices=["slurm", "sigterm"], help="sigterm: OnExceptionCheckpoint")
     parser.add_argument("--resume", help="ckpt_path (the slurm flow's requeued job passes none)")
     parser.add_argument("--raise-on", type=int, nargs=2, metavar=("RANK", "STEP"), help="a user's error on one rank")
+    parser.add_argument("--raise-in-validation", action="store_true", help="--raise-on's STEP: a validation batch")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--val-size", type=int, default=4, help="validation samples (batches of 2, split over ranks)")
+    parser.add_argument("--val-pace", type=float, default=0.0, help="seconds each validation batch takes at least")
+    parser.add_argument(
+        "--signal-in-validation",
+        type=int,
+        metavar="BATCH",
+        help="the first attempt: the flow's signal as the first validation's batch BATCH starts (every rank)",
+    )
     args = parser.parse_args()
     job_dir = Path(args.job_dir)
     rank = int(os.environ["SLURM_PROCID"])
     config = Config(**json.loads(args.config))
     L.seed_everything(1, verbose=False)
-    model = Model(config)
+    LongValidation.val_size = args.val_size
+    model = (LongValidation if args.val_size != 4 else Model)(config)
     if args.attempt:  # a fresh process's states (PL_GLOBAL_SEED, which seeds the injected sampler, stays the same)
         torch.manual_seed(77 + rank), np.random.seed(77 + rank), random.seed(77 + rank)
     paced = Paced()
@@ -105,11 +164,16 @@ def main() -> None:
     if args.flow == "sigterm":
         callbacks.append(OnExceptionCheckpoint(dirpath=job_dir))
     if args.raise_on is not None:
-        callbacks.append(RaiseOnOneRank(*args.raise_on))
+        callbacks.append(RaiseOnOneRank(*args.raise_on, in_validation=args.raise_in_validation))
+    flow_signal = signal.SIGUSR1 if args.flow == "slurm" else signal.SIGTERM
+    in_validation = args.signal_in_validation if args.attempt == 0 else None
+    signum = flow_signal if in_validation is not None else None
+    validation = SignalInValidation(job_dir, in_validation or 0, args.val_pace, args.kill_wait, signum)
+    callbacks.append(validation)
     trainer = L.Trainer(
         accelerator="cpu",
-        devices=2,
-        strategy="ddp",
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
         plugins=[SLURMEnvironment(auto_requeue=args.flow == "slurm")],
         logger=False,
         enable_progress_bar=False,
@@ -121,8 +185,7 @@ def main() -> None:
         **config.trainer_kwargs(),
     )
     if args.signal_after is not None:
-        signum = signal.SIGUSR1 if args.flow == "slurm" else signal.SIGTERM
-        schedule = (job_dir, args.signal_after, args.kill_wait, signum)
+        schedule = (job_dir, args.signal_after, args.kill_wait, flow_signal)
         threading.Thread(target=scheduler, args=schedule, daemon=True).start()
     ended = "finished"
     with warnings.catch_warnings():
@@ -136,6 +199,9 @@ def main() -> None:
     ended = getattr(paced, "ended", time.monotonic())
     result["seconds"] = ended - getattr(paced, "started", ended)  # of training (none: resumed at its very end)
     result["signalled_in_training"] = bool(SIGNALLED) and SIGNALLED[0] < ended
+    # in the validation: seconds from the signal to each checkpoint, and the validation batches begun by then
+    if validation.sent_at is not None:
+        result["validation_signal"] = (validation.batch, [(at - validation.sent_at, ready) for at, ready in validation.saves])
     torch.save(result, job_dir / f"rank{rank}-{args.attempt}.pt")
 
 

@@ -608,9 +608,32 @@ def test_uninterrupted_two_rank_slurm_jobs_exit_0_on_every_rank(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_error_on_one_rank_ends_every_rank_as_stock(tmp_path):
-    """A user's error on rank 1 at step 5: every rank ends with the exit code stock Lightning's does, none hangs."""
-    error = ("--raise-on", "1", "5")
+@pytest.mark.parametrize("flow_name", ["slurm", "sigterm"])
+def test_under_ddp_a_checkpoint_asked_for_during_a_validation_is_written_within_one_validation_batch(
+    flow_name, tmp_path
+):
+    """Every rank of a 2-rank job gets SLURM's signal (or SIGTERM) as the second of its 3 validation batches starts:
+    the checkpoint is written at that batch's end, as stock writes it within that batch (the ranks exchange their
+    signals at the ends of validation batches every rank is sure to reach: same known length), not after the
+    validation; the next job runs that validation again and continues every rank exactly."""
+    full_dir = tmp_path / "full"
+    assert chaos.slurm_step(full_dir, 0, None, extra=("--val-size", "12")) == "done"
+    extra = ("--val-size", "12", "--signal-in-validation", "1")
+    outcome = chaos.deliver_ddp(tmp_path / "job", full_dir, [None, None], flow_name=flow_name, extra=extra)
+    assert outcome.exact, outcome
+    for rank in range(2):
+        batch, saves = torch.load(tmp_path / "job" / f"rank{rank}-0.pt", weights_only=False)["validation_signal"]
+        assert batch == 1
+        assert [begun for _, begun in saves] == [2], f"rank {rank}: validation batches begun at each checkpoint"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["training", "validation"])
+def test_an_error_on_one_rank_ends_every_rank_as_stock(where, tmp_path):
+    """A user's error on rank 1 at step 5 (or at the end of the first validation batch, where the ranks exchange
+    their signals): every rank ends with the exit code stock Lightning's does, none hangs."""
+    error = ("--raise-on", "1", "5") if where == "training" else ("--raise-on", "1", "0", "--raise-in-validation")
+    error = (*error, "--val-size", "12")
     stock = chaos.slurm_step_codes(tmp_path / "stock", 0, None, stock=True, timeout=120, extra=error)
     ours = chaos.slurm_step_codes(tmp_path / "ours", 0, None, timeout=120, extra=error)
     assert None not in stock, "stock Lightning hung: the case cannot tell"

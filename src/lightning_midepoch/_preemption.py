@@ -28,6 +28,7 @@ copy that a kill can cut short when the two lie on different filesystems.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import signal
@@ -142,6 +143,7 @@ class SignalDeferral:
         self.agreed: list[int] = []  # what every rank agreed on at the latest exchange: served at the next point
         self.owed: Counter[int] = Counter()  # served as agreed before this rank's own delivery came: absorbed then
         self.served_together: set[int] = set()  # served at a point every rank agreed on
+        self.shared: SharedSignalCheck | None = None  # under DDP: the ranks' exchange
         self.serving: int | None = None  # the signal whose handler runs now
         self.live = False  # training runs: handlers wait for a consistent point
 
@@ -248,29 +250,90 @@ def _named(signum: int) -> signal.Signals | int:
 class SharedSignalCheck:
     """Under DDP: stands in for Lightning's exchange of rank 0's SIGTERM flag at the start of each training batch.
 
-    The same collective at the same moment (every rank makes it there), carrying more: the SIGTERM flag, and per
-    deferred signal whether any rank received it (an ``all_reduce`` with ``MAX``, where Lightning broadcasts from
-    rank 0; with the notifier deferred, every rank's flag is the same). What follows is Lightning's: a failed exchange
-    asks for nothing, a SIGTERM raises Lightning's ``SIGTERMException`` on every rank after a barrier.
+    The same collective at the same moment (every rank makes it there), carrying more: the SIGTERM flag, each rank's
+    number of validation batches (:func:`validation_batches`), and per deferred signal whether any rank received it
+    (an ``all_reduce`` with ``MAX``, where Lightning broadcasts from rank 0; with the notifier deferred, every rank's
+    flag is the same). What follows is Lightning's: a failed exchange asks for nothing, a SIGTERM raises Lightning's
+    ``SIGTERMException`` on every rank after a barrier.
+
+    Where every rank has the same number of validation batches, known before the validation starts, every rank
+    reaches the end of each of them: the validation that follows exchanges the signals' flags there too
+    (:meth:`validation_batch_end`), so that a signal landing in it is served within one validation batch.
     """
 
     def __init__(self, trainer: Trainer, deferral: SignalDeferral) -> None:
         self.trainer, self.deferral = trainer, deferral
+        self.agreed_validation = False  # every rank has the same number of validation batches (latest exchange)
+        self.in_validation = False  # the validation under way exchanges at its batches' ends
 
     def __call__(self) -> None:
         trainer = self.trainer
-        notes = [int(bool(trainer.received_sigterm)), *self.deferral.flags()]
-        try:
-            exchanged = torch.tensor(notes, device=trainer.strategy.root_device)
-            torch.distributed.all_reduce(exchanged, op=torch.distributed.ReduceOp.MAX)
-            agreed = [int(flag) for flag in exchanged.tolist()]
-        except Exception:  # as Lightning's exchange: a rank that cannot exchange goes on
-            agreed = [0] * len(notes)
-        self.deferral.agree(agreed[1:])
+        batches = validation_batches(trainer)
+        notes = [int(bool(trainer.received_sigterm)), batches, -batches, *self.deferral.flags()]
+        agreed = self._exchange(notes)
+        if agreed is None:  # as Lightning's exchange: a rank that cannot exchange goes on
+            agreed = [0, -1, 1] + [0] * (len(notes) - 3)
+        # (the largest count is the smallest one, and not "unknown"): every rank's is the same
+        self.agreed_validation = agreed[1] > 0 and agreed[1] == -agreed[2]
+        self.deferral.agree(agreed[3:])
         if agreed[0]:
             with contextlib.suppress(Exception):
                 torch.distributed.barrier()  # (as Lightning: every rank leaves together)
             raise _compat.sigterm_exception(trainer)()
+
+    def validation_start(self) -> None:
+        """A validation of the fit starts (after the training batch whose exchange agreed on its length)."""
+        self.in_validation, self.agreed_validation = self.agreed_validation, False
+
+    def validation_batch_end(self) -> None:
+        """The end of a validation batch, reached by every rank where they agreed on the validation's length."""
+        if not self.in_validation:
+            return
+        agreed = self._exchange(self.deferral.flags())
+        if agreed is None:  # a rank is gone: exchange nothing more in this validation
+            self.in_validation = False
+            return
+        self.deferral.agree(agreed)
+
+    def validation_end(self) -> None:
+        self.in_validation = False
+
+    def _exchange(self, notes: list[int]) -> list[int] | None:
+        try:
+            exchanged = torch.tensor(notes, dtype=torch.int64, device=self.trainer.strategy.root_device)
+            torch.distributed.all_reduce(exchanged, op=torch.distributed.ReduceOp.MAX)
+            return [int(flag) for flag in exchanged.tolist()]
+        except Exception:
+            return None
+
+
+def validation_batches(trainer: Trainer) -> int:
+    """This rank's number of batches in the fit's next validation, where it is known now and sure to be run: else -1.
+
+    Known: the validation dataloaders are set up (by the sanity check or an earlier validation) and not reloaded
+    (``reload_dataloaders_every_n_epochs``), each of finite length over a map-style dataset (its sampler's length is
+    the number of batches it yields), and ``validation_step`` takes batches, not the ``dataloader_iter``.
+
+    Example:
+        >>> import lightning as L
+        >>> validation_batches(L.Trainer(logger=False, enable_progress_bar=False))  # nothing set up yet
+        -1
+
+    """
+    counts = trainer.num_val_batches
+    if not counts or trainer.reload_dataloaders_every_n_epochs or any(count == float("inf") for count in counts):
+        return -1
+    loaders = trainer.val_dataloaders
+    loaders = list(loaders.values()) if isinstance(loaders, dict) else loaders
+    for loader in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
+        if isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset):
+            return -1
+    module = trainer.lightning_module
+    step = getattr(module, "validation_step", None) if module is not None else None
+    with contextlib.suppress(TypeError, ValueError):
+        if step is not None and "dataloader_iter" in inspect.signature(step).parameters:
+            return -1
+    return int(sum(counts))
 
 
 class _DeferringSignalConnector:
@@ -305,7 +368,8 @@ class _DeferringSignalConnector:
         deferral.install(handlers)  # type: ignore[arg-type]
         if deferral.handlers and exchanging:
             deferral.exchanging = True
-            _compat.replace_sigterm_exchange(trainer, SharedSignalCheck(trainer, deferral))
+            deferral.shared = SharedSignalCheck(trainer, deferral)
+            _compat.replace_sigterm_exchange(trainer, deferral.shared)
 
     def teardown(self) -> None:
         # (Lightning gives the process its own handlers back: every signal noted was served by then)

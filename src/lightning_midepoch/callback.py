@@ -205,6 +205,8 @@ class MidEpochResume(_CallbackBase):
         saver = self._session.saver if self._session is not None else None
         if saver is not None and not trainer.sanity_checking:
             saver.validation_start, saver.before_validation = saver.before_validation, None
+        if self._deferral is not None and self._deferral.shared is not None and not trainer.sanity_checking:
+            self._deferral.shared.validation_start()  # under DDP: exchange at its batches' ends, where sure
 
     @override
     def on_validation_batch_end(
@@ -217,12 +219,16 @@ class MidEpochResume(_CallbackBase):
         dataloader_idx: int = 0,
     ) -> None:
         if not trainer.sanity_checking:
+            if self._deferral is not None and self._deferral.shared is not None:
+                self._deferral.shared.validation_batch_end()  # (every rank: what any rank received)
             self._serve_signals()
 
     @override
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._session is not None:
             self._session.saver.validation_start = None
+        if self._deferral is not None and self._deferral.shared is not None:
+            self._deferral.shared.validation_end()
         if not trainer.sanity_checking:
             if self._session is not None:
                 self._session.ctx.validated_since_resume = self._session.ctx.resuming

@@ -69,8 +69,15 @@ class RaiseOnOneRank(L.Callback):
         if not self.in_validation and trainer.global_rank == self.rank and trainer.global_step == self.step:
             raise RuntimeError(f"a user's error on rank {self.rank}")
 
-    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, *_: Any) -> None:
-        if self.in_validation and not trainer.sanity_checking and trainer.global_rank == self.rank and batch_idx == self.step:
+    def on_validation_batch_end(
+        self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, *_: Any
+    ) -> None:
+        if (
+            self.in_validation
+            and not trainer.sanity_checking
+            and trainer.global_rank == self.rank
+            and batch_idx == self.step
+        ):
             raise RuntimeError(f"a user's error on rank {self.rank}, in a validation")
 
 
@@ -93,7 +100,9 @@ class SignalInValidation(L.Callback):
         self.sent_at: float | None = None
         self.saves: list[tuple[float, int | None]] = []
 
-    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int, *_: Any) -> None:
+    def on_validation_batch_start(
+        self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int, *_: Any
+    ) -> None:
         if trainer.sanity_checking:
             return
         if self.signum is not None and self.sent_at is None and batch_idx == self.batch:
@@ -201,7 +210,10 @@ def main() -> None:
     result["signalled_in_training"] = bool(SIGNALLED) and SIGNALLED[0] < ended
     # in the validation: seconds from the signal to each checkpoint, and the validation batches begun by then
     if validation.sent_at is not None:
-        result["validation_signal"] = (validation.batch, [(at - validation.sent_at, ready) for at, ready in validation.saves])
+        result["validation_signal"] = (
+            validation.batch,
+            [(at - validation.sent_at, ready) for at, ready in validation.saves],
+        )
     torch.save(result, job_dir / f"rank{rank}-{args.attempt}.pt")
 
 

@@ -308,7 +308,7 @@ class SharedSignalCheck:
 
 
 def validation_batches(trainer: Trainer) -> int:
-    """This rank's number of batches in the fit's next validation, where it is known now and sure to be run: else -1.
+    """The number of this rank's batches in the fit's next validation: else -1 (unknown now).
 
     Known: the validation dataloaders are set up (by the sanity check or an earlier validation) and not reloaded
     (``reload_dataloaders_every_n_epochs``), each of finite length over a map-style dataset (its sampler's length is
@@ -321,7 +321,8 @@ def validation_batches(trainer: Trainer) -> int:
 
     """
     counts = trainer.num_val_batches
-    if not counts or trainer.reload_dataloaders_every_n_epochs or any(count == float("inf") for count in counts):
+    reloads: Any = getattr(trainer, "reload_dataloaders_every_n_epochs", None)  # (set by Lightning's data connector)
+    if not counts or reloads or any(count == float("inf") for count in counts):
         return -1
     loaders = trainer.val_dataloaders
     loaders = list(loaders.values()) if isinstance(loaders, dict) else loaders

@@ -74,7 +74,9 @@ def signal_served_on_every_rank(rank: int) -> Any:
     deferral = SignalDeferral()
     deferral.install({signal.SIGUSR2: signal.getsignal(signal.SIGUSR2)})
     deferral.exchanging = True
-    trainer = SimpleNamespace(received_sigterm=False, strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    trainer = SimpleNamespace(
+        received_sigterm=False, num_val_batches=[], strategy=SimpleNamespace(root_device=torch.device("cpu"))
+    )
     exchange = SharedSignalCheck(trainer, deferral)  # type: ignore[arg-type]
     if rank == 1:
         signal.raise_signal(signal.SIGUSR2)
@@ -106,7 +108,9 @@ def signal_served_on_every_rank(rank: int) -> Any:
 def sigterm_stops_every_rank(rank: int) -> Any:
     """Rank 1's trainer was notified of SIGTERM: the exchange raises Lightning's SIGTERMException on every rank."""
     deferral = SignalDeferral()
-    trainer = SimpleNamespace(received_sigterm=rank == 1, strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    trainer = SimpleNamespace(
+        received_sigterm=rank == 1, num_val_batches=[], strategy=SimpleNamespace(root_device=torch.device("cpu"))
+    )
     try:
         SharedSignalCheck(trainer, deferral)()  # type: ignore[arg-type]
     except BaseException as error:  # (Lightning's SIGTERMException is a SystemExit)

@@ -151,7 +151,7 @@ def _constant_parts(node: ast.expr) -> list[str]:
 
 
 #: How the package's modules give a warning.
-_WARN_CALLS = ("_compat.warn", "warn", "self.warn", "warnings.warn")
+_WARN_CALLS = ("_compat.warn", "warn", "self.warn", "self.ctx.warn", "session.warn", "warnings.warn")
 
 
 @functools.cache

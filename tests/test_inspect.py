@@ -20,7 +20,8 @@ from harness import Config, CrashPoint, checkpoint_path, run
 from lightning_midepoch import __version__, _inspect
 from lightning_midepoch import _state as S
 from lightning_midepoch.__main__ import main
-from lightning_midepoch._inspect import Counts, ResumePoint, analyse, batch_stage, epoch_stage, resume_point
+from lightning_midepoch._inspect import analyse
+from lightning_midepoch._restart import Counts, ResumePoint, batch_stage, epoch_stage, resume_point
 
 MID = CrashPoint("train_batch_end", epoch=1, batch=3)
 CASES = {

@@ -365,24 +365,6 @@ def all_batches_reached(epoch_loop: Any) -> bool:
     return bool(epoch_loop._num_ready_batches_reached())
 
 
-def epoch_finished(progress: Any) -> bool:
-    """Whether the fit loop's epoch progress counts its current epoch as finished (or none started)."""
-    current = progress.current
-    return bool(current.ready == current.started == current.processed == current.completed)
-
-
-def restored_on_batch_end(progress: Any) -> bool:
-    """Whether the epoch loop's restored batch progress was saved in ``on_train_batch_end`` (Lightning's test)."""
-    total = progress.total
-    return bool(total.ready == total.started == total.processed == total.completed + 1)
-
-
-def epoch_trained(progress: Any) -> bool:
-    """Whether the fit loop's epoch progress counts every batch of its current epoch as run (or none started)."""
-    current = progress.current
-    return bool(current.ready == current.started == current.processed)
-
-
 def stop_restarting(fit_loop: Any) -> None:
     """Count the fit loop and the loops under it as not restarting.
 

@@ -4,21 +4,9 @@ The checkpoint is read with Lightning's own loader (local paths and every fsspec
 unless the user trusts the file, and never written to. :func:`analyse` turns the loaded dict into a :class:`Report`
 without touching anything else, and :func:`render_text` / :func:`render_json` print it.
 
-Where the resumed run continues is worked out from Lightning's progress counters, the way Lightning's restart logic
-reads them (``_FitLoop.update_restart_stage`` and ``_TrainingEpochLoop.update_restart_stage``), assuming the resumed
-``Trainer`` has :class:`~lightning_midepoch.MidEpochResume` attached:
-
-* the epoch stage comes from the fit loop's *total* epoch progress (:func:`epoch_stage`): ``ready == started + 1``
-  means it was written in ``on_train_epoch_start`` (that epoch starts again); ``processed == completed + 1`` means it
-  was written at the epoch's end (``on_train_epoch_end``: the next epoch starts from its first batch); all four equal
-  means between epochs; ``processed == started - 1`` means inside an epoch;
-* inside an epoch, the batch counters of *this epoch* (:func:`batch_stage`) say where: ``ready == started ==
-  processed == completed + 1`` is ``on_train_batch_end`` (the resumed run finishes that batch, e.g. a validation due
-  after it, then continues with batch ``processed``); ``processed < ready`` is inside a batch (that batch runs again);
-  all four equal is after a batch completed (e.g. in the validation that followed it);
-* Lightning itself decides "written in ``on_train_batch_end``" from the *total* batch counters, and moves one batch
-  on only then (:func:`resume_point`). After an earlier resume from inside a batch those totals drift from this
-  epoch's counters; the report then says which batches Lightning will train twice or skip.
+Where the resumed run continues is :func:`lightning_midepoch._restart.checkpoint_point`: the model of a restart that
+the runtime's restart decisions share, read from Lightning's progress counters (see :mod:`lightning_midepoch._restart`),
+assuming the resumed ``Trainer`` has :class:`~lightning_midepoch.MidEpochResume` attached.
 """
 
 from __future__ import annotations
@@ -33,14 +21,27 @@ import warnings
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeGuard
+from typing import Any
 
 import torch
 from packaging.version import Version
 
-from lightning_midepoch import _compat, _validate
+from lightning_midepoch import _compat, _restart, _validate
 from lightning_midepoch import _state as S
 from lightning_midepoch.__about__ import __version__
+from lightning_midepoch._restart import (
+    BATCH_END,
+    BETWEEN_EPOCHS,
+    EPOCH_END,
+    EPOCH_START,
+    IN_BATCH,
+    STOPPED,
+    UNKNOWN,
+    Counts,
+    ResumePoint,
+    _get,
+    _is_int,
+)
 
 #: The version of the ``--json`` document; bumped only when a key is removed or changes meaning.
 JSON_SCHEMA_VERSION = 1
@@ -54,17 +55,6 @@ NOT_POSSIBLE = "not_possible"
 EXIT_CODES = {EXACT: 0, CAVEATS: 1, NOT_POSSIBLE: 2}
 EXIT_BAD_INPUT = 3
 
-# where the checkpoint was written, from the loop progress (``ResumePoint.saved_at``)
-EPOCH_START = "epoch_start"
-MID_EPOCH = "mid_epoch"  # an epoch stage only; inside an epoch the batch stage says where
-BATCH_END = "batch_end"
-IN_BATCH = "in_batch"
-BETWEEN_BATCHES = "between_batches"
-EPOCH_END = "epoch_end"
-BETWEEN_EPOCHS = "between_epochs"
-STOPPED = "stopped"  # after the training loop stopped before the epoch's end (max_steps, max_time, should_stop)
-UNKNOWN = "unknown"
-
 # how a train dataloader continues (``LoaderReport.continues``)
 EXACTLY = "exactly"
 FRESH_ORDER = "from_fresh_order"
@@ -72,7 +62,6 @@ EPOCH_RESTART = "from_epoch_start"
 NEW_EPOCH = "new_epoch"
 
 _RNG_KEYS = ("torch", "numpy", "python")
-_COUNT_NAMES = ("ready", "started", "processed", "completed")
 _WITHOUT_CALLBACK = (
     "resume without MidEpochResume: Lightning then ignores its state and continues as stock Lightning does (a"
     " freshly drawn order for the rest of the epoch, fresh random states)"
@@ -82,137 +71,6 @@ _ON_MISMATCH = 'MidEpochResume(on_mismatch="restart_epoch")'
 
 class InspectError(Exception):
     """The input cannot be inspected (missing, unreadable, not a Lightning checkpoint); the message is one line."""
-
-
-# ---------------------------------------------------------------------------------------------- resume position
-@dataclass(frozen=True)
-class Counts:
-    """One of Lightning's progress trackers: how many items were ready, started, processed and completed."""
-
-    ready: int
-    started: int
-    processed: int
-    completed: int
-
-    @classmethod
-    def parse(cls, raw: object) -> Counts | None:
-        """Read a tracker from a checkpoint's ``loops`` (``None`` unless it holds the four counts as ints).
-
-        Example:
-            >>> Counts.parse({"ready": 4, "started": 4, "processed": 4, "completed": 3})
-            Counts(ready=4, started=4, processed=4, completed=3)
-
-        """
-        if not isinstance(raw, Mapping):
-            return None
-        counts = [value for name in _COUNT_NAMES if _is_int(value := raw.get(name))]
-        return cls(*counts) if len(counts) == len(_COUNT_NAMES) else None
-
-    def __str__(self) -> str:
-        return f"ready={self.ready} started={self.started} processed={self.processed} completed={self.completed}"
-
-
-def epoch_stage(total: Counts) -> str:
-    """Where in the fit loop a checkpoint was written, from its total epoch progress, as Lightning reads it.
-
-    Example:
-        >>> epoch_stage(Counts(ready=2, started=2, processed=1, completed=1))  # inside epoch 1
-        'mid_epoch'
-        >>> epoch_stage(Counts(ready=2, started=2, processed=2, completed=1))  # in on_train_epoch_end of epoch 1
-        'epoch_end'
-
-    """
-    ready, started, processed, completed = total.ready, total.started, total.processed, total.completed
-    if ready == started + 1 and processed == started and completed == processed:
-        return EPOCH_START
-    if ready == started and processed == started - 1 and completed == processed:
-        return MID_EPOCH
-    if ready == started == processed and completed == processed - 1:
-        return EPOCH_END
-    if ready == started == processed == completed:
-        return BETWEEN_EPOCHS
-    return UNKNOWN
-
-
-def batch_stage(counts: Counts) -> str:
-    """Where inside an epoch a checkpoint was written, from batch progress counters.
-
-    Example:
-        >>> batch_stage(Counts(ready=4, started=4, processed=4, completed=3))  # on_train_batch_end of batch_idx 3
-        'batch_end'
-        >>> batch_stage(Counts(ready=4, started=4, processed=3, completed=3))  # inside batch_idx 3
-        'in_batch'
-
-    """
-    ready, started, processed, completed = counts.ready, counts.started, counts.processed, counts.completed
-    if ready == started == processed and completed == processed - 1:
-        return BATCH_END
-    if processed < ready:
-        return IN_BATCH
-    if ready == started == processed == completed:
-        return BETWEEN_BATCHES
-    return UNKNOWN
-
-
-@dataclass(frozen=True)
-class ResumePoint:
-    """Where a resumed run continues.
-
-    Attributes:
-        saved_at: Where the checkpoint was written (``epoch_start``, ``batch_end``, ``in_batch``,
-            ``between_batches``, ``epoch_end``, ``between_epochs``, ``stopped`` or ``unknown``).
-        epoch: The epoch the resumed run continues (or starts).
-        batch: The ``batch_idx`` it continues with: batches of ``epoch`` consumed. ``None`` when unknown.
-        batches_trained: Batches of ``epoch`` the checkpoint's weights were trained on. ``None`` when unknown.
-        epoch_done: No batch of ``epoch`` is left: its end (validation, ``on_train_epoch_end``) runs, then the next
-            epoch starts.
-
-    """
-
-    saved_at: str
-    epoch: int
-    batch: int | None
-    batches_trained: int | None
-    epoch_done: bool
-
-    @property
-    def continues_epoch(self) -> bool:
-        """The resumed run trains more batches of an epoch already under way, so that epoch's order matters."""
-        return self.saved_at in (BATCH_END, IN_BATCH, BETWEEN_BATCHES, STOPPED) and not self.epoch_done
-
-
-def resume_point(
-    epoch: int, epoch_total: Counts, batch_total: Counts, batch_current: Counts, is_last_batch: bool
-) -> ResumePoint:
-    """Where a run resumed from a checkpoint with these progress counters continues.
-
-    Args:
-        epoch: ``checkpoint["epoch"]`` (``trainer.current_epoch`` when it was written).
-        epoch_total: The fit loop's total epoch progress.
-        batch_total: The epoch loop's total batch progress (what Lightning's restart logic reads).
-        batch_current: The epoch loop's batch progress within the epoch.
-        is_last_batch: Whether the epoch's last batch had been fetched.
-
-    Example:
-        >>> resume_point(1, Counts(2, 2, 1, 1), Counts(14, 14, 14, 13), Counts(4, 4, 4, 3), False)
-        ResumePoint(saved_at='batch_end', epoch=1, batch=4, batches_trained=4, epoch_done=False)
-        >>> resume_point(1, Counts(2, 2, 2, 1), Counts(20, 20, 20, 20), Counts(10, 10, 10, 10), True)
-        ResumePoint(saved_at='epoch_end', epoch=2, batch=0, batches_trained=0, epoch_done=False)
-
-    """
-    stage = epoch_stage(epoch_total)
-    if stage == EPOCH_END:
-        return ResumePoint(EPOCH_END, epoch + 1, 0, 0, False)
-    if stage in (EPOCH_START, BETWEEN_EPOCHS):
-        return ResumePoint(stage, epoch, 0, 0, False)
-    saved_at = batch_stage(batch_current) if stage == MID_EPOCH else UNKNOWN
-    if saved_at == UNKNOWN:
-        return ResumePoint(UNKNOWN, epoch, None, None, False)
-    trained = batch_current.processed if saved_at == BATCH_END else batch_current.completed
-    # Lightning counts the interrupted batch as completed only when its *total* counters say on_train_batch_end
-    batch = batch_current.completed + (1 if batch_stage(batch_total) == BATCH_END else 0)
-    epoch_done = is_last_batch and saved_at != IN_BATCH and batch == trained
-    return ResumePoint(saved_at, epoch, batch, trained, epoch_done)
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -304,42 +162,8 @@ class Report:
         return {"schema_version": JSON_SCHEMA_VERSION, **asdict(self), "exit_code": self.exit_code}
 
 
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _get(mapping: object, *keys: str) -> object:
-    """``mapping[k1][k2]...``, or ``None`` where a level is missing or not a mapping."""
-    for key in keys:
-        if not isinstance(mapping, Mapping):
-            return None
-        mapping = mapping.get(key)
-    return mapping
-
-
 def _str_or_none(value: object) -> str | None:
     return None if value is None else str(value)
-
-
-def _progress_point(checkpoint: Mapping[str, Any]) -> ResumePoint:
-    fit_loop = _get(checkpoint, "loops", "fit_loop")
-    state = _get(checkpoint, "callbacks", STATE_KEY)
-    fetched = _get(state, S.KEY_FETCHED)
-    ready = _get(fit_loop, "epoch_loop.batch_progress", "current", "ready")
-    if _get(state, S.KEY_STOPPED) is True and fetched == ready:
-        # training stopped early (max_steps, max_time, trainer.should_stop): Lightning counts the epoch as finished,
-        # MidEpochResume continues it
-        epoch_of_stop = _get(state, S.KEY_EPOCH)
-        if isinstance(epoch_of_stop, int) and isinstance(fetched, int):
-            return ResumePoint(STOPPED, epoch_of_stop, fetched, fetched, False)
-    epoch_total = Counts.parse(_get(fit_loop, "epoch_progress", "total"))
-    batch_total = Counts.parse(_get(fit_loop, "epoch_loop.batch_progress", "total"))
-    batch_current = Counts.parse(_get(fit_loop, "epoch_loop.batch_progress", "current"))
-    is_last_batch = _get(fit_loop, "epoch_loop.batch_progress", "is_last_batch") is True
-    epoch: int = checkpoint["epoch"]
-    if epoch_total is None or batch_total is None or batch_current is None:
-        return ResumePoint(UNKNOWN, epoch, None, None, False)
-    return resume_point(epoch, epoch_total, batch_total, batch_current, is_last_batch)
 
 
 def _installed_lightning() -> tuple[str, str]:
@@ -514,7 +338,7 @@ def analyse(checkpoint: Mapping[str, Any], path: str) -> Report:
     """
     raw_state = _get(checkpoint, "callbacks", STATE_KEY)
     installed = _installed_lightning()
-    point = _progress_point(checkpoint)
+    point = _restart.checkpoint_point(checkpoint, STATE_KEY)
     report = Report(
         path=path,
         written_by={

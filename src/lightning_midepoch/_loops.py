@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
-from lightning_midepoch import _compat, _rng
+from lightning_midepoch import _compat, _restart, _rng
 from lightning_midepoch._fetchers import _ResumableDataFetcher
 from lightning_midepoch._mixin import mixed_copy, stock_reduce
 
@@ -102,9 +102,11 @@ class _ResumableFitLoop(_FitLoopBase):
         # a checkpoint from on_train_batch_end of the batch that reached max_steps: the uninterrupted run went on to
         # that batch's validation and its epoch's end, which stock Lightning skips (max_steps is reached). The fit
         # loop stays restarting until its first epoch is over, where the epoch loop has finished that batch.
-        progress = self.epoch_loop.batch_progress
-        if self.restarting and self._midepoch.ctx.resuming and _compat.restored_on_batch_end(progress):
-            return False
+        if self.restarting and self._midepoch.ctx.resuming:
+            # (Lightning tells a restart from on_train_batch_end by the batch progress's totals)
+            totals = _restart.Counts.of(self.epoch_loop.batch_progress.total)
+            if _restart.batch_stage(totals) == _restart.BATCH_END:
+                return False
         return super().done
 
     @override

@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Collection, Mapping, Set
 from typing import TYPE_CHECKING, Any
 
-from lightning_midepoch import _compat, _datalibs, _rng, _validate
+from lightning_midepoch import _compat, _datalibs, _restart, _rng, _validate
 from lightning_midepoch import _state as S
 
 if TYPE_CHECKING:
@@ -77,14 +77,16 @@ class Restorer:
             self.saver.loaded_loader_states = _compat.pending_loader_states(self.trainer.fit_loop)
             self.reopen_stopped_epoch()
             fit_loop = self.trainer.fit_loop
-            if fit_loop.restarting and _compat.epoch_trained(fit_loop.epoch_progress):
+            # where the checkpoint was written, as the model of a restart reads it (lightning_midepoch._restart)
+            epoch_stage = _restart.epoch_stage(_restart.Counts.of(fit_loop.epoch_progress.current))
+            if fit_loop.restarting and epoch_stage in (_restart.EPOCH_END, _restart.BETWEEN_EPOCHS):
                 # every batch of the epoch was run (a checkpoint from on_train_epoch_end, or after fit): Lightning
                 # starts the next epoch, except with max_steps set, where its fit loop always counts as restarting
                 # and so runs the ended epoch's end again (the next epoch never starts when that reaches max_epochs)
                 _compat.stop_restarting(fit_loop)
             batch = fit_loop.epoch_loop.batch_progress.current  # as saved: each stage counted (a _BatchProgress)
-            self.restored_in_batch = batch.processed < batch.ready  # type: ignore[attr-defined]
-            if _compat.epoch_finished(fit_loop.epoch_progress):
+            self.restored_in_batch = _restart.batch_stage(_restart.Counts.of(batch)) == _restart.IN_BATCH
+            if epoch_stage == _restart.BETWEEN_EPOCHS:
                 # written once an epoch had ended (after fit, say): with max_steps set, stock Lightning keeps
                 # "restarting" into that epoch's finished batch progress and trains one stray batch before the next
                 _compat.start_batch_progress_afresh(fit_loop.epoch_loop.batch_progress)
@@ -95,11 +97,10 @@ class Restorer:
         Lightning counts an epoch its training loop left early as finished; a resumed run would start the next one.
         """
         loaded = self.loaded
-        if loaded is None or not loaded[S.KEY_STOPPED]:
-            return
         fit_loop = self.trainer.fit_loop
-        if fit_loop.epoch_loop.batch_progress.current.ready != loaded[S.KEY_FETCHED]:
-            return  # the loops' state does not come from the moment the state recorded
+        ready = fit_loop.epoch_loop.batch_progress.current.ready
+        if loaded is None or not _restart.continues_stopped_epoch(loaded[S.KEY_STOPPED], loaded[S.KEY_FETCHED], ready):
+            return  # (also where the loops' state does not come from the moment the state recorded)
         _compat.reopen_epoch(fit_loop.epoch_progress, loaded[S.KEY_EPOCH])
         fit_loop.restarting = True  # Lightning decided "not restarting" from the finished epoch it had restored
 

@@ -371,9 +371,6 @@ class Model(L.LightningModule):
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         self._reached("before_optimizer_step", self._batch_idx())
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self._reached("train_batch_end", batch_idx)
-
     def on_train_epoch_end(self) -> None:
         self._reached("train_epoch_end")
 
@@ -447,6 +444,18 @@ class IterStepModel(Model):
             batch, batch_idx, _ = next(dataloader_iter)  # StopIteration ends the epoch, as in stock Lightning
             loss = loss + self._loss(batch, batch_idx)
         return loss
+
+
+class BatchEndMoments(L.Callback):
+    """Records the model's ``train_batch_end`` moments (see ``Model.moments``).
+
+    A callback, not the model's own hook: a model that overrides ``on_train_batch_end`` has a resume from a checkpoint
+    written in a callback's ``on_train_batch_end`` warned (Lightning runs the module's hook after it, and a resume
+    does not run it).
+    """
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        pl_module._reached("train_batch_end", batch_idx)
 
 
 class Crash(Exception):
@@ -598,7 +607,7 @@ def run(
             )
     if config.accumulate_schedule:
         callbacks.append(GradientAccumulationScheduler(dict(config.accumulate_schedule)))
-    callbacks += extra_callbacks or []
+    callbacks += [*(extra_callbacks or []), BatchEndMoments()]
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,

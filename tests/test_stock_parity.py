@@ -34,6 +34,7 @@ from harness import (
     run,
     uninterrupted,
 )
+from lightning_midepoch import MidEpochResume
 
 STOCK_WARNING = "You're resuming from a checkpoint that ended before the epoch ended"
 MID = CrashPoint("train_batch_end", epoch=1, batch=3)
@@ -292,3 +293,124 @@ def test_a_plateau_scheduler_without_a_validation_after_the_restore_is_warned_be
     schedulers = [run.trainer.lr_scheduler_configs[0].scheduler for run in (stock, ours, full)]
     # one step fewer than the uninterrupted run (stock Lightning, rolling over the epoch's end, misses more)
     assert schedulers[0].last_epoch <= schedulers[1].last_epoch == schedulers[2].last_epoch - 1
+
+
+# ---------------------------------------------------------------------------------------------- hooks after the write
+HOOKS_WARNING = "The checkpoint was written in on_train_batch_end before"
+#: the last batch of epoch 0 (stock Lightning resumes there without a warning), and ModelCheckpoint's every-step write
+EPOCH_END = CrashPoint("train_batch_end", epoch=0, batch=9)
+MODEL_CHECKPOINT = CrashPoint("model_checkpoint", step=14, every=1)  # after batch 3 of epoch 1, as MID
+
+
+def _ema_update(ema: torch.Tensor, module: Model) -> None:
+    with torch.no_grad():
+        ema.mul_(0.9).add_(0.1 * module.net[0].weight)
+
+
+class EmaModel(Model):
+    """A momentum copy of a weight updated in the module's own ``on_train_batch_end`` (solo-learn's BYOL target
+    network): Lightning runs that hook after every callback's, so after a checkpoint a callback writes there."""
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.register_buffer("ema", torch.zeros(16, 4))
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        _ema_update(self.ema, self)
+
+
+class EmaCallback(L.Callback):
+    """The same update in a callback's ``on_train_batch_end``, its copy saved as the callback's state."""
+
+    def __init__(self) -> None:
+        self.ema = torch.zeros(16, 4)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        _ema_update(self.ema, pl_module)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ema": self.ema.clone()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.ema = state_dict["ema"].clone()
+
+
+@pytest.mark.parametrize(
+    "crash", [MID, EPOCH_END, MODEL_CHECKPOINT], ids=["mid-epoch", "epoch-end", "model-checkpoint"]
+)
+def test_a_module_hook_after_a_callbacks_checkpoint_is_warned_before_training(crash, tmp_path):
+    """The corpus's byol_solo: a resume does not run the module's ``on_train_batch_end`` of the checkpoint's batch,
+    with or without the callback. Stock Lightning warns "not resumable" inside an epoch (not at its last batch); with
+    the callback the batches are exact, and the missing update is warned before training, naming the hook."""
+    config = Config(max_epochs=2, model_class=EmaModel)
+    full = uninterrupted(config, tmp_path / "full")
+    stock, stock_warned = resumed(config, crash, tmp_path / "stock", callback=False)
+    assert any(STOCK_WARNING in message for message in stock_warned) == (crash != EPOCH_END)
+    assert not torch.equal(stock.model.ema, full.model.ema)
+    assert_transparent(config, tmp_path)
+    ours, warned = resumed(config, crash, tmp_path / "callback", callback=True)
+    assert [m for m in warned if m.startswith(HOOKS_WARNING)] == [
+        m for m in warned if "`EmaModel.on_train_batch_end`" in m
+    ]
+    assert len([m for m in warned if m.startswith(HOOKS_WARNING)]) == 1
+    assert ours.seen == full.seen[len(full.seen) - len(ours.seen) :]  # the batches are exact
+    assert not torch.equal(ours.model.ema, full.model.ema)  # the update the warning names is missing
+
+
+def _fit_with_ema(
+    config: Config, tmp_path: Path, *, crash: CrashPoint | None = None, resume: CrashPoint | None = None
+) -> tuple[Any, EmaCallback, list[str]]:
+    """A fit with ``[MidEpochResume(), EmaCallback()]`` after the harness's writer of ``crash`` (its CrashCallback is
+    listed first; ModelCheckpoint Lightning runs last), resumed from the checkpoint of ``resume``'s fit: the run, its
+    callback and the warnings given before it trained."""
+    ema = EmaCallback()
+    ckpt = checkpoint_path(tmp_path.parent / "interrupted", resume) if resume is not None else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = FirstBatchWarnings(caught)
+        result = run(
+            config,
+            tmp_path,
+            callback=False,
+            crash=crash,
+            ckpt_path=ckpt,
+            seed=2 if ckpt is not None else 1,
+            extra_callbacks=[MidEpochResume(), ema, first],
+        )
+    assert first.before is not None
+    return result, ema, first.before
+
+
+@pytest.mark.parametrize(
+    ("crash", "named"), [(MODEL_CHECKPOINT, False), (MID, True)], ids=["writer-after-it", "writer-before-it"]
+)
+def test_a_stateful_callbacks_hook_after_the_write_is_warned_before_training(crash, named, tmp_path):
+    """A callback's ``on_train_batch_end`` that runs before the writer (ModelCheckpoint, which Lightning runs after
+    every other callback) is in the checkpoint: exact, without a warning. One that runs after it (the writer is listed
+    before MidEpochResume) is not: warned before training, naming it."""
+    config = Config(max_epochs=2)
+    full, full_ema, _ = _fit_with_ema(config, tmp_path / "full")
+    interrupted, _, _ = _fit_with_ema(config, tmp_path / "interrupted", crash=crash)
+    assert interrupted.crashed
+    resumed_run, ema, warned = _fit_with_ema(config, tmp_path / "resumed", resume=crash)
+    assert resumed_run.seen == full.seen[len(full.seen) - len(resumed_run.seen) :]
+    hooks_warnings = [message for message in warned if message.startswith(HOOKS_WARNING)]
+    if named:
+        assert len(hooks_warnings) == 1
+        assert "`EmaCallback.on_train_batch_end`" in hooks_warnings[0]
+        assert not torch.equal(ema.ema, full_ema.ema)
+    else:
+        assert hooks_warnings == []
+        assert torch.equal(ema.ema, full_ema.ema)
+        assert_same_state(full, resumed_run)
+
+
+def test_the_warning_of_a_hook_that_only_logs_is_silenced_by_a_warnings_filter(tmp_path):
+    """The documented way to take note of it: Python's warnings filter on the warning's first words."""
+    config = Config(max_epochs=2, model_class=EmaModel)
+    run(config, tmp_path / "interrupted", crash=MID)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", message=HOOKS_WARNING)
+        run(config, tmp_path / "resumed", ckpt_path=checkpoint_path(tmp_path / "interrupted", MID), seed=2)
+    assert not [warning for warning in caught if "on_train_batch_end" in str(warning.message)]

@@ -326,6 +326,30 @@ def shards_parameters(trainer: Trainer) -> bool:
     return isinstance(getattr(trainer, "strategy", None), kinds)
 
 
+def batch_end_hooks_kept(trainer: Trainer, objects: list[Any]) -> list[str]:
+    """Of the LightningModule and callbacks given, those whose ``on_train_batch_end`` changes what checkpoints hold.
+
+    As far as can be known without running it: the module's, if overridden (its weights are in every checkpoint); a
+    callback's, if overridden and the callback keeps checkpoint state (``state_dict`` or ``on_save_checkpoint``), other
+    than Lightning's checkpoint callbacks (they write files, and Lightning runs them after every other callback).
+    Each is named ``Class.on_train_batch_end``.
+    """
+    package = _pytorch_module(trainer)
+    is_overridden = importlib.import_module(f"{package}.utilities.model_helpers").is_overridden
+    checkpoint = importlib.import_module(f"{package}.callbacks").Checkpoint
+    module = importlib.import_module(package).LightningModule
+    kept = []
+    for obj in objects:
+        if not is_overridden("on_train_batch_end", obj):
+            continue
+        if isinstance(obj, module) or (
+            not isinstance(obj, checkpoint)
+            and (is_overridden("state_dict", obj) or is_overridden("on_save_checkpoint", obj))
+        ):
+            kept.append(f"{type(obj).__name__}.on_train_batch_end")
+    return kept
+
+
 def _pytorch_module(obj: object) -> str:
     """Where the object's Lightning keeps its trainer package: ``lightning.pytorch`` or ``pytorch_lightning``."""
     return "lightning.pytorch" if namespace(obj) == "lightning" else "pytorch_lightning"

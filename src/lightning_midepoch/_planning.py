@@ -54,6 +54,9 @@ class ResumePlanner:
     def start_resumed_epoch(self, epoch_loop: _TrainingEpochLoop, fetcher: _DataFetcher) -> None:
         """Start the first train iterator after a resume: where the interrupted epoch continues, or a new epoch."""
         self.ctx.iterator_held = False
+        hooks_after = self.loaded.get(S.KEY_HOOKS_AFTER) if self.loaded is not None else None
+        if hooks_after:
+            self._warn_hooks_after(hooks_after)
         trainer = self.trainer
         fit_loop = trainer.fit_loop
         consumed = epoch_loop.batch_progress.current.ready
@@ -410,6 +413,20 @@ class ResumePlanner:
             " (its learning-rate schedule lags one epoch behind the uninterrupted run's; stock Lightning does the"
             " same): the resumed run will differ. Resume from a checkpoint written at an epoch's end, or use"
             " WeightAveraging, which resumes exactly.",
+            self.trainer,
+            self.warned,
+        )
+
+    def _warn_hooks_after(self, hooks: list[str]) -> None:
+        _compat.warn(
+            f"The checkpoint was written in on_train_batch_end before {', '.join(f'`{hook}`' for hook in hooks)} ran"
+            " for that batch (Lightning runs the callbacks' on_train_batch_end in the order of `trainer.callbacks`,"
+            " then the LightningModule's): the resumed run continues after that batch and does not run them there,"
+            " so what they change (an EMA or momentum update, say) is missing, and the run will differ from the"
+            " uninterrupted one (stock Lightning does the same). Make such a change in the on_train_batch_end of a"
+            " callback listed before the one that writes checkpoints (Lightning runs ModelCheckpoint after every"
+            " other callback). Where a hook named here keeps no state (it only logs), silence this warning with"
+            ' `warnings.filterwarnings("ignore", message="The checkpoint was written in on_train_batch_end before")`.',
             self.trainer,
             self.warned,
         )

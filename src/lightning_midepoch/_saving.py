@@ -79,6 +79,9 @@ class Saver:
         # a signal handler runs where the ranks may not all be (training is over): its checkpoint holds this rank's
         # states only and waits for no worker
         self.apart = False
+        # the batch (the epoch loop's total count of processed batches) in which the callback's own
+        # on_train_batch_end last ran (see hooks_after)
+        self.own_batch_end = -1
 
     def attach(self, loaders: list[Any]) -> None:
         """Follow the train loaders' positions and the generators of the datasets read in the main process.
@@ -174,6 +177,36 @@ class Saver:
             at_iter = {"global": _rng.capture_global(), "objects": {}}
             self.dataset_passes[index] = {"epoch": epoch, "index": 0, "at_iter": at_iter, "at_first_next": None}
 
+    def batch_end_reached(self) -> None:
+        """The callback's own ``on_train_batch_end`` ran: the callbacks after it in this batch run after it too."""
+        total: Any = self.ctx.trainer.fit_loop.epoch_loop.batch_progress.total
+        self.own_batch_end = total.processed
+
+    def hooks_after(self) -> list[str]:
+        """The ``on_train_batch_end`` hooks that run after a checkpoint written now, in that hook of a training batch.
+
+        A resume from it continues after the batch and runs none of them: what they change is in no checkpoint.
+        Lightning runs the callbacks' hooks in ``trainer.callbacks`` order, then the LightningModule's, and does not
+        say which callback writes. Named (see :func:`~lightning_midepoch._compat.batch_end_hooks_kept`): the module's,
+        and, where the checkpoint comes before the callback's own hook (a callback listed before it writes, or a
+        signal handler served in it), the callbacks listed after the callback. Where the writer comes after the
+        callback, the callbacks after the writer cannot be told from those before it: they are not named.
+        """
+        trainer = self.ctx.trainer
+        total: Any = trainer.fit_loop.epoch_loop.batch_progress.total
+        if not (trainer.training and total.ready == total.started == total.processed == total.completed + 1):
+            return []
+        objects: list[Any] = [trainer.lightning_module]
+        if self.own_batch_end != total.processed:
+            callbacks = list(getattr(trainer, "callbacks", ()))
+            ours = [
+                i
+                for i, callback in enumerate(callbacks)
+                if getattr(vars(callback).get("_session"), "ctx", None) is self.ctx
+            ]
+            objects += callbacks[ours[0] + 1 :] if ours else []
+        return _compat.batch_end_hooks_kept(trainer, objects)
+
     def state_dict(self) -> dict[str, Any]:
         """The callback's checkpoint state (see :mod:`lightning_midepoch._state` for the layout)."""
         return self.snapshot().state_dict()
@@ -253,6 +286,9 @@ class Saver:
             S.KEY_ELASTIC: ctx.elastic if ctx.elastic and ctx.elastic["epoch"] == trainer.current_epoch else None,
             S.KEY_LOADERS: [S.loader_facts(loader) for loader in self.ctx.loaders],
         }
+        hooks_after = self.hooks_after()
+        if hooks_after:  # (the key is absent where none is named)
+            facts[S.KEY_HOOKS_AFTER] = hooks_after
         interrupted = _compat.interrupted(trainer)
         own_only = (interrupted and not ranks_together) or self.apart
         return Snapshot(facts, rank_state, trainer.global_rank, trainer.world_size, own_only)

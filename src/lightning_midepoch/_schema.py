@@ -565,7 +565,7 @@ _ELASTIC = Record(
     current=F(_LAYOUT.extended(batch_offset=Int(0)), "the current stretch"),
 )
 
-#: A state that records a position; ``stopped`` arrived after 0.1.0.
+#: A state that records a position; ``stopped`` arrived after 0.1.0, ``hooks_after`` after 0.2.0.
 STATE = Record(
     "the MidEpochResume state",
     optional={
@@ -573,7 +573,12 @@ STATE = Record(
             Bool(),
             "saved after the training loop stopped before the epoch's end (max_steps, max_time, should_stop): a"
             " resume continues that epoch (False where absent)",
-        )
+        ),
+        S.KEY_HOOKS_AFTER: F(
+            List(Str(), what="hooks named 'Class.on_train_batch_end'"),
+            "(after 0.2.0, only where one is named) the on_train_batch_end hooks that ran after the checkpoint in"
+            " its batch: a resume does not run them",
+        ),
     },
     fields={
         S.KEY_VERSION: F(Int(1), f"the state's version ({S.STATE_VERSION}); older states are migrated when loaded"),

@@ -52,6 +52,7 @@ KEY_GRADS = "grads"
 KEY_ELASTIC = "elastic"
 KEY_WORKERS = "workers"
 KEY_LAST_BATCH = "last_batch"
+KEY_HOOKS_AFTER = "hooks_after"
 
 KIND_MAP = "map"
 KIND_ITERABLE = "iterable"

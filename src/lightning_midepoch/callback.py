@@ -191,6 +191,8 @@ class MidEpochResume(_CallbackBase):
     ) -> None:
         self._serve_signals()
         session = self._session
+        if session is not None:  # (after serving: a checkpoint served here comes before the callbacks after this one)
+            session.saver.batch_end_reached()
         if (
             session is not None
             and session.ctx.fetcher is not None

@@ -24,8 +24,6 @@ from torch.utils.data import DataLoader
 from ._data import SyntheticImages, random_crop_flip
 
 FOLLOWS = "solo-learn BYOL (BaseMomentumMethod, MomentumUpdater, warmup-cosine from estimated_stepping_batches)"
-#: fails on main until the package fixes it (never in `make test`'s sample; `make corpus` runs it)
-PENDING = "corpus-findings.md 4: the EMA update in the module's on_train_batch_end follows the checkpoint"
 
 
 class TwoViews:

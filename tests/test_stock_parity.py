@@ -296,6 +296,7 @@ def test_a_plateau_scheduler_without_a_validation_after_the_restore_is_warned_be
 
 
 # ---------------------------------------------------------------------------------------------- hooks after the write
+#: (the words docs/warnings.md filters it on: every test below checks that the warning starts with them)
 HOOKS_WARNING = "The checkpoint was written in on_train_batch_end before"
 #: the last batch of epoch 0 (stock Lightning resumes there without a warning), and ModelCheckpoint's every-step write
 EPOCH_END = CrashPoint("train_batch_end", epoch=0, batch=9)
@@ -403,14 +404,3 @@ def test_a_stateful_callbacks_hook_after_the_write_is_warned_before_training(cra
         assert hooks_warnings == []
         assert torch.equal(ema.ema, full_ema.ema)
         assert_same_state(full, resumed_run)
-
-
-def test_the_warning_of_a_hook_that_only_logs_is_silenced_by_a_warnings_filter(tmp_path):
-    """The documented way to take note of it: Python's warnings filter on the warning's first words."""
-    config = Config(max_epochs=2, model_class=EmaModel)
-    run(config, tmp_path / "interrupted", crash=MID)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        warnings.filterwarnings("ignore", message=HOOKS_WARNING)
-        run(config, tmp_path / "resumed", ckpt_path=checkpoint_path(tmp_path / "interrupted", MID), seed=2)
-    assert not [warning for warning in caught if "on_train_batch_end" in str(warning.message)]

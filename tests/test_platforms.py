@@ -50,7 +50,7 @@ from harness import (
 from lightning_midepoch import MidEpochResumeError, _inspect, _rng, _saving
 from lightning_midepoch import _workers as W
 from lightning_midepoch.__main__ import main as command_line
-from lightning_midepoch._validate import TORCH_CUDA_STATE_BYTES
+from lightning_midepoch._schema import TORCH_CUDA_STATE_BYTES
 
 #: the exit statuses of ``lightning-midepoch inspect``
 EXACT, CAVEATS, NOT_POSSIBLE = (

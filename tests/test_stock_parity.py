@@ -136,6 +136,69 @@ def test_estimated_stepping_batches_before_the_restore_resumes_exactly(read_in, 
     assert not [message for message in resume_warnings if "MidEpochResume" in message or STOCK_WARNING in message]
 
 
+class StepsReader(L.Callback):
+    """A callback listed before MidEpochResume that sizes a schedule in its ``setup``: Lightning creates the train
+    iterator there, before the callback's own ``setup`` (a datamodule's ``setup`` that does so is the same case)."""
+
+    def setup(self, trainer: L.Trainer, pl_module: Any, stage: str) -> None:
+        pl_module.total_steps = int(trainer.estimated_stepping_batches)
+
+
+def _read_first(config: Config, path: Path, *, ours: bool, **kwargs: Any) -> Any:
+    extra = kwargs.pop("extra_callbacks", [])
+    callbacks = [StepsReader(), *([MidEpochResume()] if ours else []), *extra]
+    return run(config, path, callback=False, extra_callbacks=callbacks, **kwargs)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("epoch", [0, 1])
+def test_a_callback_before_it_that_creates_the_iterator_is_exact_or_warned_and_never_waits(
+    epoch, num_workers, monkeypatch, tmp_path
+):
+    waited: list[tuple[int, int]] = []
+    wait_for = W.LoaderWorkers._wait_for
+
+    def counting_wait(self: W.LoaderWorkers, worker: int, batches: int) -> Any:
+        found = wait_for(self, worker, batches)
+        if found is None and self.wait_s > 0:  # a checkpoint waited for a worker state that never came
+            waited.append((worker, batches))
+        return found
+
+    monkeypatch.setattr(W.LoaderWorkers, "_wait_for", counting_wait)
+    monkeypatch.setattr(W, "WAIT_S", 2.0)  # (a regression fails the count, quickly)
+    config = Config(max_epochs=2, num_workers=num_workers, model_class=EarlyIteratorModel)
+    crash = CrashPoint("train_batch_end", epoch=epoch, batch=3)
+    stock_full = _read_first(config, tmp_path / "stock_full", ours=False)
+    full = _read_first(config, tmp_path / "full", ours=True)
+    assert full.seen == stock_full.seen
+    assert full.model.validated == stock_full.model.validated
+    assert_same_state(full, stock_full)
+    runs: dict[bool, tuple[Any, list[str]]] = {}
+    for ours in (False, True):
+        interrupted = _read_first(config, tmp_path / f"interrupted{ours}", ours=ours, crash=crash)
+        assert interrupted.crashed
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            first = FirstBatchWarnings(caught)
+            ckpt = checkpoint_path(tmp_path / f"interrupted{ours}", crash)
+            resumed_run = _read_first(
+                config, tmp_path / f"resumed{ours}", ours=ours, ckpt_path=ckpt, seed=2, extra_callbacks=[first]
+            )
+        assert first.before is not None
+        runs[ours] = (resumed_run, first.before)
+    assert any(STOCK_WARNING in message for message in runs[False][1])
+    ours_resumed, warned = runs[True]
+    exact = ours_resumed.seen == full.seen[len(full.seen) - len(ours_resumed.seen) :]
+    assert waited == []
+    if epoch == 0:  # the first epoch's order was drawn before the callback's setup: said before training
+        assert not exact
+        assert any("cannot be recovered" in m and "estimated_stepping_batches" in m for m in warned)
+    else:  # a later epoch's iterator is the callback's: exact, without a warning
+        assert exact
+        assert_same_state(full, ours_resumed)
+        assert not [m for m in warned if "MidEpochResume" in m or STOCK_WARNING in m or "cannot be" in m]
+
+
 # ---------------------------------------------------------------------------------------------- samplers without len
 class InfiniteRandomSampler(Sampler[int]):
     """A sampler that repeats for ever, a new permutation of the global torch RNG each round (no ``__len__``)."""

@@ -139,7 +139,7 @@ class ResumePlanner:
             if record is not None and record["epoch"] == epoch and record["index"] == pass_index:
                 replay_record = _PassRecord.from_state_dict(record)
             elif not S.describe_order(recorder.inner)[1]:
-                self._warn_unrecoverable(index)
+                self._warn_unrecoverable(index, written_with_callback=rank_state is not None)
             saved = rank_state.get(S.KEY_GENERATORS, []) if rank_state is not None else []
             generators = saved[index] if index < len(saved) else None
             replays[index] = _Replay(replay_record, skip, pass_index, generators=generators)
@@ -487,11 +487,20 @@ class ResumePlanner:
             self.warned,
         )
 
-    def _warn_unrecoverable(self, index: int) -> None:
+    def _warn_unrecoverable(self, index: int, written_with_callback: bool) -> None:
+        # (a checkpoint with the callback's state records every pass the callback saw begin: one it did not was
+        # begun before its setup, or the loader is new)
+        why = (
+            ": the epoch's iterator was created before MidEpochResume's setup, as when a callback listed before it or a"
+            " datamodule's setup reads `trainer.estimated_stepping_batches`, `trainer.train_dataloader` or"
+            " `trainer.num_training_batches` (list MidEpochResume first), or the loader was added since"
+            if written_with_callback
+            else ""
+        )
         _compat.warn(
             f"The order of train dataloader {index} in the interrupted epoch cannot be recovered from the checkpoint"
-            " (it recorded no random state for it). The epoch continues with its remaining number of batches drawn"
-            " from a fresh order: some samples of this epoch will be seen twice and others not at all.",
+            f" (it recorded no random state for it{why}). The epoch continues with its remaining number of batches"
+            " drawn from a fresh order: some samples of this epoch will be seen twice and others not at all.",
             self.trainer,
             self.warned,
         )

@@ -55,6 +55,8 @@ class _Session:
             # the train data was set up before this setup (a datamodule's setup, or a callback's listed before this
             # one, read `trainer.estimated_stepping_batches`): the fit loop's override adopts that fetcher
             fit_loop._data_fetcher = fit_loop._data_fetcher
+            if fit_loop._combined_loader is not None:
+                fit_loop._data_fetcher.setup(fit_loop._combined_loader)
 
     def defer_signals(self, deferral: SignalDeferral, declared: tuple[int, ...]) -> None:
         """Put the override on this trainer's signal connector: ``deferral`` holds its handlers that checkpoint.

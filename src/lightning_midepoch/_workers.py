@@ -450,6 +450,10 @@ class LoaderWorkers:
         # a dataset that loads whole batches (``__getitems__``) is given real indices to shift with: never an empty list
         self.batches_only = callable(getattr(loader.dataset, "__getitems__", None))
         self.sample: int | None = None  # an index of the current pass: a resumed worker may load it once (rehearse)
+        # whether the training loop's workers were started through this recording: not where its iterator was
+        # created before the callback's setup (`trainer.estimated_stepping_batches` read earlier), whose workers
+        # never write a state that a checkpoint could wait for
+        self.started = False
         self.buffers = _Buffers.allocate(self.workers, self.slots, self.capacity, self.current_pass)
         self.originals = (loader.worker_init_fn, loader.collate_fn)
         self.init = _WorkerInit(loader.worker_init_fn, self.buffers)
@@ -469,6 +473,7 @@ class LoaderWorkers:
         # a new iterator starts new workers: they write into memory of their own
         self.buffers = _Buffers.allocate(self.workers, self.slots, self.capacity, self.current_pass)
         self.init.buffers = self.buffers
+        self.started = True
         iterator = create()
         if self.iterable:
             first, self.rotate_from = self.rotate_from, None
@@ -521,10 +526,10 @@ class LoaderWorkers:
         With persistent workers at a pass's end (``pass_ended``) the workers also produced the batches prefetched
         beyond the last one trained (an epoch cut short by ``limit_train_batches``, say), which the uninterrupted
         run discarded: the next pass continues from their states after those (``"after_pass"``). Without ``wait``
-        (while the fit handles an exception: the workers may be gone, or never have started) a state not written yet
-        is recorded as missing at once.
+        (while the fit handles an exception: the workers may be gone, or never have started), or where the workers
+        were not started through this recording, a state not written yet is recorded as missing at once.
         """
-        self.wait_s = WAIT_S if wait else 0.0
+        self.wait_s = WAIT_S if wait and self.started else 0.0
         workers = []
         for worker in range(self.workers):
             batches = self._batches_of(worker, consumed)

@@ -26,10 +26,10 @@ first would be zero in a perfect measurement. So the lock step runs in several f
 arms' threads in another order, and every difference is reported as the mean of the processes' medians, with a 95%
 interval from the spread between processes (Student's t): a process's own noise and its layout both count. Reported
 per model: each arm's median step, and for each arm against no callback that difference and interval; the same for
-the first steps of the turns; and per process, the MLP's differences. The budget: the callback costs at most 15 µs
-per step more than an empty ``Callback`` on the MLP step, judged on the upper bound of the 95% interval of their
-paired difference (the two arms' turns of the same round, per process); the same is reported as a share of a 20 ms
-step.
+the first steps of the turns; and per process, the MLP's differences. The budget (the project's brief): the
+callback costs at most 60 µs per step more than an empty ``Callback`` on the MLP step, judged on the measured
+difference (the mean of the processes' medians of the two arms' paired turns); the upper bound of its 95% interval
+is reported beside it, and whether that too is within the budget. The same is reported as a share of a 20 ms step.
 
 Run alone: ``python benchmarks/bench_lockstep.py``.
 """
@@ -78,8 +78,9 @@ SETTINGS = (
     Setting((8, 8), num_workers=0, measured_steps=TURNS_PER_PROCESS * STEPS_PER_TURN),
     Setting((128, 256, 256, 10), num_workers=2, measured_steps=TURNS_PER_PROCESS * STEPS_PER_TURN),
 )
-#: The budget: MidEpochResume's cost per step above an empty Callback's, at the upper 95% bound
-BUDGET_S = 15e-6
+#: The budget: MidEpochResume's cost per step above an empty Callback's (the measured difference; its upper 95% bound
+#: is reported beside it)
+BUDGET_S = 60e-6
 #: A step the budget is also reported against
 REFERENCE_STEP_S = 20e-3
 #: Student's t at 97.5% by degrees of freedom: a two-sided 95% interval from a few processes' medians
@@ -349,7 +350,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
         "empty Callback minus none (95% interval)",
         "no callback again minus none: the measurement's error (95% interval)",
         "MidEpochResume minus empty Callback (95% interval)",
-        f"budget ≤ {BUDGET_S * 1e6:.0f} µs above the empty Callback (at 95%)",
+        f"budget ≤ {BUDGET_S * 1e6:.0f} µs above the empty Callback (measured; at 95%)",
         "first step of a turn: MidEpochResume minus none",
     ]
     rows = []
@@ -365,7 +366,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 _interval(result[CONTROL]),
                 _interval(result[AGAIN]),
                 _interval(result["above_control"]),
-                "met" if result["above_control"]["interval_s"][1] <= BUDGET_S else "**not met**",
+                _judged(result["above_control"]),
                 _interval(result["first_of_turn"][OURS]),
             ]
         )
@@ -404,9 +405,16 @@ def verdict(results: list[dict[str, Any]]) -> str:
         f"{mlp['median_step_s'][BASELINE] * 1e3:.2f} ms step), {above['difference_s'] * 1e6:.1f} µs more than an "
         f"empty Callback (95%: {low_s * 1e6:+.1f} to {high_s * 1e6:+.1f}), "
         f"{above['difference_s'] / REFERENCE_STEP_S:.3%} (at most {high_s / REFERENCE_STEP_S:.3%}) of a "
-        f"{REFERENCE_STEP_S * 1e3:.0f} ms step; budget ≤ "
-        f"{BUDGET_S * 1e6:.0f} µs above the empty Callback at 95%: {'met' if high_s <= BUDGET_S else 'not met'}."
+        f"{REFERENCE_STEP_S * 1e3:.0f} ms step; budget ≤ {BUDGET_S * 1e6:.0f} µs above the empty Callback: "
+        f"{_judged(above)}."
     )
+
+
+def _judged(above: dict[str, Any]) -> str:
+    """The budget against the measured difference, and against the upper bound of its 95% interval."""
+    measured = "met" if above["difference_s"] <= BUDGET_S else "**not met**"
+    bound = "within" if above["interval_s"][1] <= BUDGET_S else "beyond"
+    return f"{measured} (the upper 95% bound, {above['interval_s'][1] * 1e6:.1f} µs, is {bound} it)"
 
 
 def run() -> dict[str, Any]:

@@ -8,15 +8,16 @@ of a training batch, of a validation run, of an epoch). Its cost per training st
   ``on_train_batch_end`` of a batch after the first, with the state ``fit`` gave the callback, world size 1), against
   an empty Python method of a ``Callback`` called the same way. Reported in ns per call, the median of interleaved
   repeats.
-* **DDP**: every rank counts the consistent points down and, about once per ``AGREEMENT_PERIOD_S`` of training,
-  compares the signals received with the others: one ``torch.distributed.all_reduce`` (MAX) of a flag per candidate
-  signal and the interval proposed (``Agreement``). Two CPU processes (gloo on 127.0.0.1) time, per iteration,
-  nothing (the baseline: an empty call), Lightning's own per-step ``broadcast`` of a one-element tensor
-  (``_TrainingEpochLoop._broadcast_sigterm_tensor``, Lightning 2.5.2+: create, broadcast, read), a comparison (the
-  real ``Agreement``, made to compare at every call), the countdown between comparisons (the real ``Agreement``,
-  after its comparisons), and, for comparison, an all-reduce of one element; the order rotates from iteration to
-  iteration. Wall clock, since a collective waits for the other rank. Reported: median and 95th percentile per call
-  on each rank, and the agreement's cost per 20 ms step (the countdown, and one comparison per period).
+* **DDP**: at the start of every training batch Lightning broadcasts rank 0's SIGTERM flag
+  (``_TrainingEpochLoop._broadcast_sigterm_tensor``, Lightning 2.5.2+: create, broadcast, read). On a trainer with
+  the callback, ``SharedSignalCheck`` stands in for that exchange: the same moment, one ``all_reduce`` (MAX) that
+  carries the SIGTERM flag, the validation's length and a flag per deferred signal. Inside a validation whose length
+  every rank agreed on, each validation batch end exchanges the deferred signals' flags too (stock: nothing). Two CPU
+  processes (gloo on 127.0.0.1) time, per iteration, nothing (the baseline: an empty call), Lightning's broadcast,
+  the real ``SharedSignalCheck`` at a training batch's start, the same at a validation batch's end, and, for
+  comparison, an all-reduce of one element; the order rotates from iteration to iteration. Wall clock, since a
+  collective waits for the other rank. Reported: median and 95th percentile per call on each rank, and what the
+  check adds per training step over Lightning's broadcast, which it replaces.
 
 Run alone: ``python benchmarks/bench_preemption.py``.
 """
@@ -44,7 +45,7 @@ from bench_lockstep import REFERENCE_STEP_S
 from bench_overhead import MLP, Setting
 
 from lightning_midepoch import MidEpochResume
-from lightning_midepoch._preemption import AGREEMENT_PERIOD_S, Agreement, candidate_signals
+from lightning_midepoch._preemption import SharedSignalCheck, SignalDeferral, candidate_signals
 
 #: One process: calls per timed repeat, and the repeats of each arm (interleaved)
 CALLS_PER_REPEAT = 50_000
@@ -57,32 +58,34 @@ MICRO_ARMS = (EMPTY, SERVE)
 WORLD_SIZE = 2
 WARMUP_ITERATIONS = 200
 ITERATIONS = 2000
-NOTHING, BROADCAST, AGREEMENT, COUNTDOWN, SINGLE = (
+#: The deferred signals of the check timed: those of a fit with a SLURM ``requeue_signal`` (SIGHUP), and SIGTERM
+AGREED_SIGNALS = candidate_signals(signal.SIGHUP)
+NOTHING, BROADCAST, SHARED, VALIDATION, SINGLE = (
     "nothing (baseline)",
-    "Lightning's broadcast (1 element)",
-    "MidEpochResume's comparison: all_reduce MAX (5 x int64)",
-    "MidEpochResume between comparisons (countdown)",
+    "Lightning's broadcast (1 element), each training batch",
+    f"SharedSignalCheck: all_reduce MAX ({3 + len(AGREED_SIGNALS)} x int64), each training batch, in its place",
+    f"SharedSignalCheck at a validation batch end: all_reduce MAX ({len(AGREED_SIGNALS)} x int64)",
     "all_reduce MAX (1 x int64), for comparison",
 )
-DDP_ARMS = (NOTHING, BROADCAST, AGREEMENT, COUNTDOWN, SINGLE)
+DDP_ARMS = (NOTHING, BROADCAST, SHARED, VALIDATION, SINGLE)
 #: The arms' names in the plot
 SHORT = {
     NOTHING: "nothing",
     BROADCAST: "broadcast\n(Lightning)",
-    AGREEMENT: "comparison\n(ours)",
-    COUNTDOWN: "countdown\n(ours)",
+    SHARED: "training batch\n(ours)",
+    VALIDATION: "validation batch\n(ours)",
     SINGLE: "all_reduce 1",
 }
-#: The candidate signals of the agreement timed: SIGUSR1, SIGUSR2, SIGTERM and a SLURM ``requeue_signal`` (SIGHUP)
-AGREED_SIGNALS = candidate_signals(signal.SIGHUP)
+#: The validation of the stand-in trainer: its batches (a map-style loader, known before it starts)
+VALIDATION_BATCHES = 6
 PLOT = "preemption.png"
 
 
 # ---------------------------------------------------------------------------------------------- one process, micro
 class _Empty(L.Callback):
-    """The baseline: a Callback whose method takes the trainer, as ``_serve_signals`` does, and does nothing."""
+    """The baseline: a Callback method without arguments, as ``_serve_signals``, that does nothing."""
 
-    def noop(self, trainer: L.Trainer) -> None:
+    def noop(self) -> None:
         return None
 
 
@@ -100,12 +103,8 @@ class _Timer(L.Callback):
         if deferral is None:
             raise RuntimeError("MidEpochResume has no signal deferral in fit: nothing to time")
         timers = {
-            SERVE: timeit.Timer(
-                "call(trainer)", globals={"call": self.ours._serve_signals, "trainer": trainer}, timer=time.thread_time
-            ),
-            EMPTY: timeit.Timer(
-                "call(trainer)", globals={"call": _Empty().noop, "trainer": trainer}, timer=time.thread_time
-            ),
+            SERVE: timeit.Timer("call()", globals={"call": self.ours._serve_signals}, timer=time.thread_time),
+            EMPTY: timeit.Timer("call()", globals={"call": _Empty().noop}, timer=time.thread_time),
         }
         for arm_timer in timers.values():  # warm-up
             arm_timer.timeit(CALLS_PER_REPEAT // 10)
@@ -144,13 +143,39 @@ def micro() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------- DDP, 2 processes
+class _ValidatingModule(torch.nn.Module):
+    """What ``validation_batches`` reads of the LightningModule: a ``validation_step`` that takes batches."""
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        return None
+
+
+def _stand_in_trainer(device: torch.device) -> Any:
+    """What ``SharedSignalCheck`` reads of the trainer at each training batch (a fit's, after its sanity check)."""
+    from types import SimpleNamespace
+
+    loader = torch.utils.data.DataLoader(list(range(VALIDATION_BATCHES)), batch_size=1)
+    return SimpleNamespace(
+        received_sigterm=False,
+        strategy=SimpleNamespace(root_device=device),
+        num_val_batches=[VALIDATION_BATCHES],
+        reload_dataloaders_every_n_epochs=0,
+        val_dataloaders=loader,
+        lightning_module=_ValidatingModule(),
+    )
+
+
 def _ddp_arms() -> dict[str, Callable[[], Any]]:
-    """Each arm's per-step work: what runs at one consistent point of a training step."""
+    """Each arm's work at one point: the start of a training batch, or the end of a validation batch."""
     import torch.distributed as dist
 
     device = torch.device("cpu")
-    compare = Agreement(AGREED_SIGNALS, device, period=0.0)  # compares at every point
-    count = Agreement(AGREED_SIGNALS, device, period=1e9)  # compares twice (in the warm-up), then counts down
+    deferral = SignalDeferral()
+    deferral.install({signum: signal.default_int_handler for signum in AGREED_SIGNALS})  # (nothing is delivered)
+    deferral.exchanging = True
+    training = SharedSignalCheck(_stand_in_trainer(device), deferral)
+    validating = SharedSignalCheck(_stand_in_trainer(device), deferral)
+    validating.in_validation = True
 
     def nothing() -> None:
         return None
@@ -160,18 +185,18 @@ def _ddp_arms() -> dict[str, Callable[[], Any]]:
         dist.broadcast(tensor, src=0)
         tensor.item()
 
-    def agreement() -> None:  # nothing pending on this rank: what every rank does at a comparing point
-        compare([])
-
-    def countdown() -> None:  # ... and at every other point
-        count([])
-
     def single() -> None:  # the same collective on one element: what the tensor's length costs
         flags = torch.tensor([0], dtype=torch.int64, device=device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         flags.tolist()
 
-    return {NOTHING: nothing, BROADCAST: broadcast, AGREEMENT: agreement, COUNTDOWN: countdown, SINGLE: single}
+    return {
+        NOTHING: nothing,
+        BROADCAST: broadcast,
+        SHARED: training,
+        VALIDATION: validating.validation_batch_end,
+        SINGLE: single,
+    }
 
 
 def ddp_rank(rank: int, port: int, out: Path) -> None:
@@ -249,21 +274,16 @@ def ddp() -> dict[str, Any]:
     for entry in ranks:
         times = entry["times_s"]
         stats = {arm: {"median_s": median(times[arm]), "p95_s": _quantile(times[arm], 0.95)} for arm in DDP_ARMS}
-        comparison = stats[AGREEMENT]["median_s"] - stats[NOTHING]["median_s"]
-        between = max(stats[COUNTDOWN]["median_s"] - stats[NOTHING]["median_s"], 0.0)
-        # per step of the reference length: the countdown at every step, one comparison per agreement period
-        steps_per_comparison = max(1.0, AGREEMENT_PERIOD_S / REFERENCE_STEP_S)
-        added = between + comparison / steps_per_comparison
+        # per training step: the check in place of Lightning's broadcast; per validation batch: all of its exchange
+        added = stats[SHARED]["median_s"] - stats[BROADCAST]["median_s"]
         per_rank.append(
             {
                 "rank": entry["rank"],
                 "backend": entry["backend"],
                 "arms": stats,
-                # one comparison, and the agreement's time per reference step (countdown + comparisons amortized)
-                "comparison_s": comparison,
-                "steps_per_comparison": steps_per_comparison,
-                "agreement_added_s": added,
-                "agreement_share_of_reference_step": added / REFERENCE_STEP_S,
+                "training_added_s": added,
+                "training_share_of_reference_step": added / REFERENCE_STEP_S,
+                "validation_added_s": stats[VALIDATION]["median_s"] - stats[NOTHING]["median_s"],
                 "times_s": times,
             }
         )
@@ -271,7 +291,7 @@ def ddp() -> dict[str, Any]:
         "world_size": WORLD_SIZE,
         "warmup_iterations": WARMUP_ITERATIONS,
         "iterations": ITERATIONS,
-        "agreement_elements": len(AGREED_SIGNALS),
+        "deferred_signals": len(AGREED_SIGNALS),
         "reference_step_s": REFERENCE_STEP_S,
         "ranks": per_rank,
     }
@@ -313,7 +333,7 @@ def markdown(micro_result: dict[str, Any], ddp_result: dict[str, Any]) -> str:
     deferred = ", ".join(micro_result["deferred_signals"]) or "none"
     handlers = ", ".join(micro_result["deferred_handlers"]) or "none"
     return (
-        f"One process: `_serve_signals` with nothing pending, timed inside a real `fit` (world size "
+        "One process: `_serve_signals` with nothing pending, timed inside a real `fit` (world size "
         f"{micro_result['world_size']}, in `on_train_batch_end` of batch {TIMED_BATCH}) with `timeit`, "
         f"{micro_result['calls_per_repeat']:,} calls per repeat, {micro_result['repeats']} interleaved repeats per "
         "arm, the thread's CPU time; the baseline is an empty method of a `Callback` called the same way. "
@@ -324,30 +344,31 @@ def markdown(micro_result: dict[str, Any], ddp_result: dict[str, Any]) -> str:
         f"DDP: {ddp_result['world_size']} CPU processes, gloo on 127.0.0.1, {ddp_result['warmup_iterations']} "
         f"warm-up and {ddp_result['iterations']:,} timed iterations of every arm, the order rotating from iteration "
         "to iteration, wall clock per call. Lightning's broadcast is what its epoch loop does at the start of every "
-        "training batch under DDP (create a one-element tensor, broadcast it from rank 0, read it); "
-        f"MidEpochResume's agreement is `Agreement` itself with {ddp_result['agreement_elements']} candidate signals: "
-        "at a comparing point it creates an int64 tensor (a flag per signal and the interval proposed), all-reduces it "
-        "(MAX) and reads it; at the other consistent points (each training batch end, each validation run end, each "
-        f"epoch end) it counts down. The ranks compare about every {AGREEMENT_PERIOD_S:g} s of training, so a "
-        f"{REFERENCE_STEP_S * 1e3:.0f} ms step pays the countdown and 1/{AGREEMENT_PERIOD_S / REFERENCE_STEP_S:.0f} "
-        "of a comparison. The last row, the same all-reduce of a single element, shows what the tensor's length "
-        "costs.\n\n" + table(ddp_header, ddp_rows) + "\n\n" + verdict(micro_result, ddp_result)
+        "training batch under DDP (create a one-element tensor, broadcast it from rank 0, read it); on a trainer "
+        "with the callback `SharedSignalCheck` takes its place: it reads the validation's length, creates an int64 "
+        f"tensor (the SIGTERM flag, the length twice, a flag per deferred signal: {ddp_result['deferred_signals']}), "
+        "all-reduces it (MAX) and reads it. At a validation batch end, inside a validation whose length every rank "
+        "agreed on, it all-reduces the deferred signals' flags (stock Lightning exchanges nothing there). The last "
+        "row, an all-reduce of a single element, shows what the tensor's length costs.\n\n"
+        + table(ddp_header, ddp_rows)
+        + "\n\n"
+        + verdict(micro_result, ddp_result)
     )
 
 
 def verdict(micro_result: dict[str, Any], ddp_result: dict[str, Any]) -> str:
     """One line for the headline."""
     ranks = ddp_result["ranks"]
-    added = max(rank["agreement_added_s"] for rank in ranks)
-    comparison = max(rank["comparison_s"] for rank in ranks)
+    added = max(rank["training_added_s"] for rank in ranks)
+    validation = max(rank["validation_added_s"] for rank in ranks)
     broadcast = max(rank["arms"][BROADCAST]["median_s"] - rank["arms"][NOTHING]["median_s"] for rank in ranks)
     return (
         f"Pre-emption: with nothing pending, `_serve_signals` takes {micro_result['median_s'][SERVE] * 1e9:.0f} ns per "
         f"call in one process (an empty method: {micro_result['median_s'][EMPTY] * 1e9:.0f} ns); under DDP "
-        f"({ddp_result['world_size']} CPU processes, gloo) one comparison of the ranks' signals takes "
-        f"{comparison * 1e6:.1f} µs (Lightning's own per-step broadcast: {broadcast * 1e6:.1f} µs); made about every "
-        f"{AGREEMENT_PERIOD_S:g} s, it adds {added * 1e6:.2f} µs per {REFERENCE_STEP_S * 1e3:.0f} ms step "
-        f"({added / REFERENCE_STEP_S:.3%}, the slower rank)."
+        f"({ddp_result['world_size']} CPU processes, gloo) the ranks' signal check in place of Lightning's per-step "
+        f"broadcast ({broadcast * 1e6:.1f} µs) adds {added * 1e6:+.1f} µs per training step "
+        f"({added / REFERENCE_STEP_S:.3%} of a {REFERENCE_STEP_S * 1e3:.0f} ms step), and {validation * 1e6:.1f} µs "
+        "per validation batch (the slower rank)."
     )
 
 

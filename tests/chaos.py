@@ -560,6 +560,29 @@ def _log_tails(job_dir: Path) -> str:
     return "\n".join(tails)
 
 
+class MissingResult(Exception):
+    """A file a comparison needs is not there, or cannot be read: the outcome is inexact, for the reason given."""
+
+
+def _load(path: Path, what: str) -> dict[str, Any]:
+    """``torch.load`` of a task's result or a checkpoint; a missing or unreadable file raises :class:`MissingResult`
+    naming it (``tests/slurm_job.py`` writes its result whole or not at all: missing means the task was killed, or
+    failed, before it wrote it)."""
+    if not path.exists():
+        raise MissingResult(f"{what} wrote no {path.name} (killed or failed before it: see its log)")
+    try:
+        loaded = torch.load(path, weights_only=False, map_location="cpu")
+    except Exception as error:  # a torn checkpoint (stock Lightning can leave one): an outcome, not a crash
+        raise MissingResult(f"{what}: {path.name} cannot be read ({type(error).__name__}: {error})") from error
+    assert isinstance(loaded, dict), f"{path}: {type(loaded).__name__}, not a dict"
+    return loaded
+
+
+def _rank_results(job_dir: Path, attempt: int, whose: str) -> list[dict[str, Any]]:
+    """Every rank's result of ``attempt`` (``rank{r}-{attempt}.pt``); :class:`MissingResult` for the first missing."""
+    return [_load(job_dir / f"rank{rank}-{attempt}.pt", f"{whose}: rank {rank}") for rank in range(2)]
+
+
 def _deliver_ddp(
     job_dir: Path,
     full_dir: Path,
@@ -573,45 +596,64 @@ def _deliver_ddp(
     every rank with the uninterrupted job in ``full_dir`` (an inexact outcome carries the tasks' last log lines).
 
     ``slurm``: SLURM's signal, requeue, SIGTERM, kill; the requeued job finds the hpc checkpoint itself. ``sigterm``:
-    Lightning's SIGTERM handling with ``OnExceptionCheckpoint``; the next job passes its file as ``ckpt_path``.
+    Lightning's SIGTERM handling with ``OnExceptionCheckpoint``; the next job passes its file as ``ckpt_path``. A rank
+    whose result file is missing (killed before it wrote it) makes the outcome inexact, with that reason.
     """
     moments = "/".join("-" if moment is None else f"{moment:.2f}" for moment in signal_after)
     label = f"2 ranks, by timers: after {moments} s" if signal_after != [None, None] else f"2 ranks: {' '.join(extra)}"
+    try:
+        checkpoint, why = _compare_ddp(job_dir, full_dir, signal_after, stock, flow_name, extra)
+    except MissingResult as missing:
+        _, source = _resume_checkpoint(_ddp_flow(flow_name), job_dir)
+        checkpoint, why = (None if source is None else source.name), str(missing)
+    return Outcome("ddp", 0, label, checkpoint, not why, why)
+
+
+def _ddp_flow(flow_name: str) -> Flow:
+    """The flow of a 2-rank job (``slurm`` or ``sigterm``), for :func:`_resume_checkpoint`."""
+    return Flow(f"{flow_name}-ddp", signal.SIGUSR1 if flow_name == "slurm" else signal.SIGTERM, "auto")
+
+
+def _compare_ddp(
+    job_dir: Path,
+    full_dir: Path,
+    signal_after: list[float | None],
+    stock: bool,
+    flow_name: str,
+    extra: tuple[str, ...],
+) -> tuple[str | None, str]:
+    """:func:`_deliver_ddp`'s jobs and comparison: the checkpoint resumed from, and why the outcome is inexact ("":
+    exact); :class:`MissingResult` where a file it compares is missing or cannot be read."""
     timeout = 60 if stock else 240  # (stock Lightning hangs here: no need to wait long to see it)
     if slurm_step(job_dir, 0, signal_after, stock=stock, flow=flow_name, timeout=timeout, extra=extra) == "hang":
-        return Outcome("ddp", 0, label, None, False, "the signalled job hung")
-    flow = Flow(f"{flow_name}-ddp", signal.SIGUSR1 if flow_name == "slurm" else signal.SIGTERM, "auto")
-    _, source = _resume_checkpoint(flow, job_dir)
+        return None, "the signalled job hung"
+    _, source = _resume_checkpoint(_ddp_flow(flow_name), job_dir)
     if source is None:
-        firsts = [torch.load(job_dir / f"rank{rank}-0.pt", weights_only=False) for rank in range(2)]
+        firsts = _rank_results(job_dir, 0, "the signalled job")
         if any(first["signalled_in_training"] for first in firsts):
-            return Outcome("ddp", 0, label, None, False, "signalled during training, but no checkpoint written")
-        fulls = [torch.load(full_dir / f"rank{rank}-0.pt", weights_only=False) for rank in range(2)]
+            return None, "signalled during training, but no checkpoint written"
+        fulls = _rank_results(full_dir, 0, "the uninterrupted job")
         same = all(
             first["seen"] == full["seen"] and all(torch.equal(v, first["params"][k]) for k, v in full["params"].items())
             for first, full in zip(firsts, fulls, strict=True)
         )
-        return Outcome("ddp", 0, label, None, same, "" if same else "signalled after training, yet the run differs")
+        return None, "" if same else "signalled after training, yet the run differs"
     if (served := _served_twice(job_dir)) is not None:
-        return Outcome("ddp", 0, label, source.name, False, served)
-    trained = int(torch.load(source, weights_only=False, map_location="cpu")["chaos_trained"])
+        return source.name, served
+    trained = int(_load(source, "the checkpoint")["chaos_trained"])
     resume = source if flow_name == "sigterm" else None
     if slurm_step(job_dir, 1, None, stock=stock, flow=flow_name, resume=resume, timeout=timeout, extra=extra) == "hang":
-        return Outcome("ddp", 0, label, source.name, False, "the requeued job hung")
-    for rank in range(2):
-        if not (job_dir / f"rank{rank}-0.pt").exists():
-            return Outcome(
-                "ddp", 0, label, source.name, False, f"rank {rank} was killed before it stopped (see its log)"
-            )
-        full = torch.load(full_dir / f"rank{rank}-0.pt", weights_only=False)
-        first = torch.load(job_dir / f"rank{rank}-0.pt", weights_only=False)
-        second = torch.load(job_dir / f"rank{rank}-1.pt", weights_only=False)
+        return source.name, "the requeued job hung"
+    fulls = _rank_results(full_dir, 0, "the uninterrupted job")
+    firsts = _rank_results(job_dir, 0, "the signalled job")
+    seconds = _rank_results(job_dir, 1, "the requeued job")
+    for rank, (full, first, second) in enumerate(zip(fulls, firsts, seconds, strict=True)):
         if first["seen"][:trained] + second["seen"] != full["seen"]:
-            return Outcome("ddp", 0, label, source.name, False, f"rank {rank}: batches differ")
+            return source.name, f"rank {rank}: batches differ"
         for name, value in full["params"].items():
             if not torch.equal(value, second["params"][name]):
-                return Outcome("ddp", 0, label, source.name, False, f"rank {rank}: parameter {name} differs")
-    return Outcome("ddp", 0, label, source.name, True)
+                return source.name, f"rank {rank}: parameter {name} differs"
+    return source.name, ""
 
 
 def deliver_ddp(
@@ -647,7 +689,10 @@ def validation_delay(job_dir: Path, ranks: int, flow_name: str, *, stock: bool) 
     row = f"{ranks:>5}  {name:<16}{'stock' if stock else 'callback':<10}"
     if None in codes:
         return f"{row}hung (exit codes {codes})"
-    result = torch.load(job_dir / "rank0-0.pt", weights_only=False)
+    try:
+        result = _load(job_dir / "rank0-0.pt", "rank 0")
+    except MissingResult as missing:
+        return f"{row}{missing} (exit codes {codes})"
     if "validation_signal" not in result:
         return f"{row}the signal was not sent (exit codes {codes})"
     _, saves = result["validation_signal"]
@@ -734,8 +779,9 @@ def main() -> None:
         _report(f"[{index + 1}/{len(plan)}] {label} line {at}: landed in {outcome.landed}", outcome)
     if args.ddp or args.ddp_stock:
         full_dir = out / "ddp-full"
-        assert slurm_step(full_dir, 0, None) == "done", "the uninterrupted DDP job hung"
-        training = torch.load(full_dir / "rank0-0.pt", weights_only=False)["seconds"]
+        codes = slurm_step_codes(full_dir, 0, None)
+        assert codes == [0, 0], f"the uninterrupted DDP job (the oracle): exit codes {codes}\n{_log_tails(full_dir)}"
+        training = _load(full_dir / "rank0-0.pt", "the uninterrupted job: rank 0")["seconds"]
         for index in range(args.ddp + args.ddp_stock):
             stock = index >= args.ddp
             flow_name = ("slurm", "sigterm")[index % 2]

@@ -214,7 +214,19 @@ def main() -> None:
             validation.batch,
             [(at - validation.sent_at, ready) for at, ready in validation.saves],
         )
-    torch.save(result, job_dir / f"rank{rank}-{args.attempt}.pt")
+    write_result(result, job_dir / f"rank{rank}-{args.attempt}.pt")
+
+
+def write_result(result: dict[str, Any], path: Path) -> None:
+    """Write ``result`` to ``path`` whole or not at all: into a temporary file of the same folder, then renamed into
+    place (``os.replace``), so a task killed during the write leaves no torn ``path`` (the launcher reads a missing
+    one as a task that never finished)."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        torch.save(result, temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -607,6 +607,81 @@ def test_uninterrupted_two_rank_slurm_jobs_exit_0_on_every_rank(tmp_path):
         assert chaos.slurm_step_codes(job_dir, 0, None) == [0, 0], chaos._log_tails(job_dir)
 
 
+def _fake_ddp_job(monkeypatch, written: dict[int, list[int]], checkpoint: bool) -> None:
+    """``chaos.slurm_step`` replaced: each attempt's tasks "end" at once, and only the ranks ``written`` names for that
+    attempt leave their result (the others were killed before they wrote it); with ``checkpoint``, the first attempt
+    leaves an hpc checkpoint."""
+
+    def step(job_dir, attempt, signal_after, **kwargs):
+        job_dir.mkdir(parents=True, exist_ok=True)
+        result = {"seen": [1, 2], "params": {"w": torch.ones(2)}, "signalled_in_training": False}
+        for rank in written.get(attempt, []):
+            torch.save(result if attempt == 0 else {**result, "seen": []}, job_dir / f"rank{rank}-{attempt}.pt")
+        if checkpoint and attempt == 0:
+            torch.save({"chaos_trained": 2}, job_dir / "hpc_ckpt_1.ckpt")
+        return "done"
+
+    monkeypatch.setattr(chaos, "slurm_step", step)
+
+
+@pytest.mark.parametrize(
+    ("written", "checkpoint", "why"),
+    [
+        ({0: [0]}, False, "the signalled job: rank 1 wrote no rank1-0.pt"),
+        ({0: [0, 1], 1: [1]}, True, "the requeued job: rank 0 wrote no rank0-1.pt"),
+        ({0: [1], 1: [0, 1]}, True, "the signalled job: rank 0 wrote no rank0-0.pt"),
+    ],
+    ids=["uninterrupted", "requeued", "signalled"],
+)
+def test_a_ddp_delivery_whose_rank_left_no_result_is_inexact_with_the_reason(
+    written, checkpoint, why, monkeypatch, tmp_path
+):
+    """A rank killed before it wrote its result: every path of ``deliver_ddp`` (no checkpoint: the run compared as
+    it is; a checkpoint: the requeued job compared) says so in an inexact outcome, never a success or a crash."""
+    full_dir = tmp_path / "full"
+    full_dir.mkdir()
+    for rank in range(2):
+        torch.save({"seen": [1, 2], "params": {"w": torch.ones(2)}}, full_dir / f"rank{rank}-0.pt")
+    _fake_ddp_job(monkeypatch, written, checkpoint)
+    outcome = chaos.deliver_ddp(tmp_path / "job", full_dir, [0.1, 0.1])
+    assert not outcome.exact
+    assert outcome.why.startswith(why), outcome.why
+    assert outcome.checkpoint == ("hpc_ckpt_1.ckpt" if checkpoint else None)
+
+
+def test_a_ddp_delivery_with_every_result_written_is_exact(monkeypatch, tmp_path):
+    """The fake job of the test above, every rank's result written: exact (the comparison itself is not fooled)."""
+    full_dir = tmp_path / "full"
+    full_dir.mkdir()
+    for rank in range(2):
+        torch.save({"seen": [1, 2], "params": {"w": torch.ones(2)}}, full_dir / f"rank{rank}-0.pt")
+    _fake_ddp_job(monkeypatch, {0: [0, 1], 1: [0, 1]}, True)
+    outcome = chaos.deliver_ddp(tmp_path / "job", full_dir, [0.1, 0.1])
+    assert outcome.exact, outcome.why
+    assert outcome.checkpoint == "hpc_ckpt_1.ckpt"
+
+
+def test_a_task_killed_while_it_writes_its_result_leaves_no_torn_file(monkeypatch, tmp_path):
+    """``tests/slurm_job.py`` writes its result beside, then renames it into place: a write stopped half-way (here
+    an error after the first bytes) leaves neither the result nor the temporary file."""
+    import slurm_job
+
+    def torn_save(obj, path):
+        with open(path, "wb") as file:
+            file.write(b"PK\x03\x04")
+        raise KeyboardInterrupt  # (as a signal would stop the write)
+
+    target = tmp_path / "rank0-0.pt"
+    monkeypatch.setattr(slurm_job.torch, "save", torn_save)
+    with pytest.raises(KeyboardInterrupt):
+        slurm_job.write_result({"seen": [1]}, target)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    slurm_job.write_result({"seen": [1]}, target)
+    assert list(tmp_path.iterdir()) == [target]
+    assert torch.load(target, weights_only=False) == {"seen": [1]}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("flow_name", ["slurm", "sigterm"])
 def test_under_ddp_a_checkpoint_asked_for_during_a_validation_is_written_within_one_validation_batch(

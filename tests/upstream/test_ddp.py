@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -50,14 +49,9 @@ def _train(out: Path, config: dict, **options: Any) -> list:
     completed = subprocess.run(
         _command(out, config, **options), capture_output=True, text=True, timeout=300, env=env, check=False
     )
-    # gloo's threads can abort the launching process in the interpreter's teardown, after the job's work and its
-    # reports were done (seen once, on a loaded machine): the reports are what the tests check
-    torn_down = (
-        completed.returncode == -signal.SIGABRT
-        and "terminate called without an active exception" in completed.stderr + completed.stdout
-        and all((out / f"rank{rank}.pt").exists() for rank in range(DEVICES))
-    )
-    assert completed.returncode == 0 or torn_down, completed.stdout[-3000:] + completed.stderr[-3000:]
+    # every rank exits 0, as stock's do: an abort in the teardown (gloo's "terminate called without an active
+    # exception") is a failure, even after the reports were written
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     results = [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(DEVICES)]
     assert [result["world_size"] for result in results] == [DEVICES] * DEVICES
     return results

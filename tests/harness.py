@@ -712,6 +712,8 @@ def interrupt_and_resume(config: Config, crash: CrashPoint, tmp_path: Path, *, c
         interrupted.model.seen.pop()
     ckpt = checkpoint_path(tmp_path / "interrupted", crash)
     resumed = run(config, tmp_path / "resumed", callback=callback, ckpt_path=ckpt, seed=2)
+    if callback:
+        assert_continues_where_inspect_says(config, ckpt, resumed)
     return Comparison(full, interrupted, resumed)
 
 
@@ -729,11 +731,27 @@ def resume_repeatedly(config: Config, crashes: list[CrashPoint], tmp_path: Path)
             runs[-1].model.seen.pop()
         ckpt = checkpoint_path(directory, crash)
     resumed = run(config, tmp_path / "final", ckpt_path=ckpt, seed=99)
+    assert ckpt is not None
+    assert_continues_where_inspect_says(config, ckpt, resumed)
     interrupted = runs[0]
     for later in runs[1:]:  # fold the intermediate attempts into "what ran before the last checkpoint"
         interrupted.model.seen.extend(later.model.seen)
         interrupted.model.validated.extend(later.model.validated)
     return Comparison(full, interrupted, resumed)
+
+
+def assert_continues_where_inspect_says(config: Config, ckpt: Path, resumed: RunResult) -> None:
+    """The resumed run's first batch is where ``inspect`` says the checkpoint continues: the runtime's restart and
+    ``inspect``'s model of it (``_restart.checkpoint_point``) agree on every checkpoint moment the harness writes."""
+    from lightning_midepoch._inspect import STATE_KEY
+    from lightning_midepoch._restart import UNKNOWN, checkpoint_point
+
+    if DELIVERY != "callback" or config.pulls or not resumed.seen:  # (a step that pulls numbers no batch_idx itself)
+        return
+    point = checkpoint_point(torch.load(ckpt, map_location="cpu", weights_only=False), STATE_KEY)
+    assert point.saved_at != UNKNOWN, f"inspect cannot tell where {ckpt.name} continues"
+    expected = (point.epoch + 1, 0) if point.epoch_done else (point.epoch, point.batch)
+    assert resumed.seen[0][:2] == expected, f"inspect says {point}; the resumed run began at {resumed.seen[0][:2]}"
 
 
 def _equal(first: Any, second: Any) -> bool:

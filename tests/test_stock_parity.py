@@ -196,7 +196,8 @@ def test_a_callback_before_it_that_creates_the_iterator_is_exact_or_warned_and_n
     else:  # a later epoch's iterator is the callback's: exact, without a warning
         assert exact
         assert_same_state(full, ours_resumed)
-        assert not [m for m in warned if "MidEpochResume" in m or STOCK_WARNING in m or "cannot be" in m]
+        resume_warnings = [m for m in warned if not m.startswith(UNCHECKED_RELEASE)]  # (`make lightning-next`)
+        assert not [m for m in resume_warnings if "MidEpochResume" in m or STOCK_WARNING in m or "cannot be" in m]
 
 
 # ---------------------------------------------------------------------------------------------- samplers without len

@@ -743,11 +743,12 @@ def resume_repeatedly(config: Config, crashes: list[CrashPoint], tmp_path: Path)
 def assert_continues_where_inspect_says(config: Config, ckpt: Path, resumed: RunResult) -> None:
     """The resumed run's first batch is where ``inspect`` says the checkpoint continues: the runtime's restart and
     ``inspect``'s model of it (``_restart.checkpoint_point``) agree on every checkpoint moment the harness writes."""
+    if DELIVERY != "callback" or config.pulls or not resumed.seen:  # (a step that pulls numbers no batch_idx itself)
+        return
+    # imported here, after the delivery check: `make upstream-check`'s environment has no lightning_midepoch
     from lightning_midepoch._inspect import STATE_KEY
     from lightning_midepoch._restart import UNKNOWN, checkpoint_point
 
-    if DELIVERY != "callback" or config.pulls or not resumed.seen:  # (a step that pulls numbers no batch_idx itself)
-        return
     point = checkpoint_point(torch.load(ckpt, map_location="cpu", weights_only=False), STATE_KEY)
     assert point.saved_at != UNKNOWN, f"inspect cannot tell where {ckpt.name} continues"
     expected = (point.epoch + 1, 0) if point.epoch_done else (point.epoch, point.batch)

@@ -354,10 +354,25 @@ def run_job(
                 ended = "killed"
             except SystemExit:  # Lightning's SIGTERMException
                 ended = "sigterm"
+            except Exception as error:
+                if not _after_the_kill(error):
+                    raise
+                ended = "killed"  # (Lightning's teardown, after the kill: a real kill runs none of it)
         return Job(RunResult(model, trainer, False, {}), trigger, ended)
     finally:
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
+
+
+def _after_the_kill(error: BaseException) -> bool:
+    """Whether ``error`` was raised while the job's kill (:class:`Killed`, an exception standing for SIGKILL) was being
+    handled: what runs then (``on_exception``, Lightning's teardown) runs only because the kill is simulated."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, Killed):
+            return True
+        seen = seen.__context__
+    return False
 
 
 def count_lines(config: Config, flow: Flow, job_dir: Path, *, callback: bool = True) -> tuple[int, int]:
@@ -366,6 +381,9 @@ def count_lines(config: Config, flow: Flow, job_dir: Path, *, callback: bool = T
     Deliveries are drawn between them: before Lightning registers its handlers (and after it restores the previous
     ones) the signal's default action ends the process, as it does in a real job.
     """
+    # the job's folder exists, as a delivery's does (deliver): Lightning looks for hpc checkpoints in an existing
+    # one, and those lines shift the handlers' registration (a signal drawn before it would end the campaign)
+    job_dir.mkdir(parents=True, exist_ok=True)
     job = run_job(config, flow, job_dir, at=-1, callback=callback)
     assert job.trigger is not None
     assert job.trigger.handled, f"{flow.name}: the signal never had a handler"

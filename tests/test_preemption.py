@@ -716,6 +716,42 @@ def test_an_error_on_one_rank_ends_every_rank_as_stock(where, tmp_path):
     assert ours == stock, chaos._log_tails(tmp_path / "ours")
 
 
+class _StoppedHere(Exception):
+    pass
+
+
+def test_an_exception_while_the_recorders_are_installed_surfaces_and_leaves_the_loader_its_own_sampler(
+    tmp_path, monkeypatch
+):
+    """An exception in the middle of the recorders' installation (make chaos: the kill of a signal served by
+    Lightning's own handler, before the callback's deferral, lands there): ``on_exception`` takes every recorder out
+    again, and no ``ValueError`` of the callback's clean-up joins the exception (Lightning's teardown may add its own:
+    its fetcher was set up, its iterator not yet started, as in stock's shorter window between the two)."""
+    from lightning_midepoch import _recording
+    from lightning_midepoch._order import _IndexSamplerRecorder
+
+    installed = []
+    install = _recording.Recording._install_recorder
+
+    def install_then_stop(self, loader):
+        installed.append((loader, loader.batch_sampler, install(self, loader)))
+        raise _StoppedHere  # after the recorder is in the loader, before attach lists it
+
+    monkeypatch.setattr(_recording.Recording, "_install_recorder", install_then_stop)
+    model = chaos.Model(replace(chaos.CONFIG, max_epochs=1, validation=False))
+    with pytest.raises((_StoppedHere, RuntimeError)) as raised:  # (RuntimeError: Lightning's teardown)
+        _small_trainer(tmp_path, [MidEpochResume()], limit_val_batches=0).fit(model)
+    chain, error = [], raised.value
+    while error is not None:
+        chain.append(type(error))
+        error = error.__context__
+    assert _StoppedHere in chain
+    assert ValueError not in chain, chain
+    [(loader, own, recorder)] = installed
+    assert isinstance(recorder, _IndexSamplerRecorder)
+    assert loader.batch_sampler is own
+
+
 def test_a_trainer_that_is_never_signalled_keeps_the_handlers_lightning_registers(tmp_path):
     """Lightning's SIGTERM notifier (it checkpoints nothing, in one process) stays as Lightning registers it; after
     fit the process's own handlers are back, as stock Lightning leaves them."""

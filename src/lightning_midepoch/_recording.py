@@ -66,13 +66,18 @@ class Recording:
                 recorder.on_outside = lambda index=index: self._warn_training_pass_restarted(index)
 
     def detach(self) -> None:
-        """Give the loaders their own index samplers back."""
+        """Give the loaders their own index samplers back.
+
+        Each recorder found in a loader, also after an :meth:`attach` that an exception (a ``KeyboardInterrupt``, a
+        signal's) stopped half-way, before it listed its recorders.
+        """
         ctx = self.ctx
         self.workers.detach()
-        for loader, recorder in zip(ctx.loaders, ctx.recorders, strict=True):
-            if recorder is not None:
-                attribute = "batch_sampler" if loader.batch_sampler is recorder else "sampler"
-                object.__setattr__(loader, attribute, recorder.inner)  # (see _install_recorder)
+        for loader in ctx.loaders:
+            for attribute in ("batch_sampler", "sampler"):
+                recorder = getattr(loader, attribute, None)
+                if isinstance(recorder, _IndexSamplerRecorder):
+                    object.__setattr__(loader, attribute, recorder.inner)  # (see _install_recorder)
         ctx.loaders, ctx.recorders = [], []
 
     def _install_recorder(self, loader: Any) -> _IndexSamplerRecorder | None:

@@ -260,6 +260,23 @@ def test_a_signal_anywhere_in_fit_resumes_exactly(flow, num_workers, slurm_job, 
         assert outcome.exact, f"{outcome} (MIDEPOCH_CHAOS_SEED={SEED} repeats this sample)"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("offset", [0, 100])
+def test_a_slurm_signal_while_lightning_registers_its_handlers_waits_for_the_deferral_and_resumes_exactly(
+    offset, slurm_job, tmp_path
+):
+    """SLURM's signal in the lines between Lightning's registration of its handlers (the first line at which a
+    delivery finds one) and the deferral taking their place (some 200 lines later) is held until then and served at
+    a consistent point: the resume is exact. Run at once, Lightning's handler wrote its checkpoint before the first
+    batch, and the resume trained other batches (``make chaos``, seed 3755595679)."""
+    flow = chaos.FLOWS["slurm"]
+    config = replace(chaos.CONFIG, num_workers=0)
+    full = chaos.uninterrupted(config, flow, tmp_path / "full")
+    first, _ = _window(config, flow, tmp_path)
+    outcome = chaos.deliver(config, flow, first + offset, tmp_path / "d", full)
+    assert outcome.exact, outcome
+
+
 def _optimizer_lines(config, flow, tmp_path, callback):
     """The lines of a fit that run inside the optimizer's step (torch.optim's code)."""
     job = chaos.run_job(config, flow, tmp_path, at=-1, callback=callback, record=("torch/optim/",))

@@ -337,6 +337,26 @@ def validation_batches(trainer: Trainer) -> int:
     return int(sum(counts))
 
 
+@contextmanager
+def _held(signums: Iterable[int]) -> Iterator[None]:
+    """Block ``signums`` in the main thread meanwhile (where the platform can).
+
+    One sent meanwhile is delivered once, when they are unblocked, to the handler installed by then. Lightning
+    registers its handlers and the deferral takes the place of those that checkpoint a moment later: a signal between
+    the two would run Lightning's handler at once, a checkpoint before the fit's first batch that no resume continues
+    exactly (``make chaos``). A signal sent to the process goes to another thread that does not block it, if there is
+    one (CPython then runs the handler of the moment in the main thread).
+    """
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, set(signums))
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 class _DeferringSignalConnector:
     """The override on one trainer's signal connector: the deferral takes the place of the handlers that checkpoint.
 
@@ -349,28 +369,30 @@ class _DeferringSignalConnector:
     _midepoch_declared: tuple[int, ...]
 
     def register_signal_handlers(self) -> None:
-        super().register_signal_handlers()  # type: ignore[misc]
         deferral = self._midepoch_deferral
         trainer = _compat.connector_trainer(self)
         environment = _compat.cluster_environment(trainer)
         requeue = getattr(environment, "requeue_signal", None) if getattr(environment, "auto_requeue", False) else None
-        exchanging = (
-            trainer.world_size > 1
-            and torch.distributed.is_available()
-            and torch.distributed.is_initialized()
-            and _compat.has_sigterm_exchange(trainer)
-        )
-        handlers = {}
-        for signum in candidate_signals(requeue, self._midepoch_declared):
-            handler = signal.getsignal(signum)
-            declared = signum in self._midepoch_declared
-            if checkpointing_handler(handler, self, declared=declared, ranks_exchange=exchanging):
-                handlers[signum] = handler
-        deferral.install(handlers)  # type: ignore[arg-type]
-        if deferral.handlers and exchanging:
-            deferral.exchanging = True
-            deferral.shared = SharedSignalCheck(trainer, deferral)
-            _compat.replace_sigterm_exchange(trainer, deferral.shared)
+        candidates = candidate_signals(requeue, self._midepoch_declared)
+        with _held(candidates):  # (one that arrives meanwhile finds the deferral, not Lightning's handler)
+            super().register_signal_handlers()  # type: ignore[misc]
+            exchanging = (
+                trainer.world_size > 1
+                and torch.distributed.is_available()
+                and torch.distributed.is_initialized()
+                and _compat.has_sigterm_exchange(trainer)
+            )
+            handlers = {}
+            for signum in candidates:
+                handler = signal.getsignal(signum)
+                declared = signum in self._midepoch_declared
+                if checkpointing_handler(handler, self, declared=declared, ranks_exchange=exchanging):
+                    handlers[signum] = handler
+            deferral.install(handlers)  # type: ignore[arg-type]
+            if deferral.handlers and exchanging:
+                deferral.exchanging = True
+                deferral.shared = SharedSignalCheck(trainer, deferral)
+                _compat.replace_sigterm_exchange(trainer, deferral.shared)
 
     def teardown(self) -> None:
         # (Lightning gives the process its own handlers back: every signal noted was served by then)

@@ -1,7 +1,7 @@
-"""Benchmark 6: what the resume's self-check costs (the fingerprint of the next batch).
+"""Benchmark 6: what the resume's self-check costs (the fingerprint of the last batch trained).
 
-A checkpoint written after a finished batch fingerprints the batch the training loop fetches next, and the resumed
-run fingerprints the first batch it fetches: once per checkpoint and once per resume, never per step. Timed here:
+A checkpoint written after a finished batch fingerprints the batch the training loop was last handed, and the resumed
+run fingerprints that batch loaded again: once per checkpoint and once per resume, never per step. Timed here:
 
 * **One fingerprint** of an image batch of 64 x 3 x 224 x 224 float32 (37 MiB) with its 64 labels, and of the demo's
   batch of 32 samples of 16 floats, against baselines measured in the same run on the same batch: copying it once

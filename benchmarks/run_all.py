@@ -150,7 +150,7 @@ def summary(results: dict[str, Any], sections: dict[str, str], runtime_s: float)
             "## 5. Pre-emption: serving signals at consistent points",
             sections["preemption"],
             f"![per-step collectives under DDP]({bench_preemption.PLOT})",
-            "## 6. The resume's self-check: the fingerprint of the next batch",
+            "## 6. The resume's self-check: the fingerprint of the last batch trained",
             sections["fingerprint"],
             f"![one fingerprint vs. baselines]({bench_fingerprint.PLOT})",
         ]

@@ -94,7 +94,7 @@ UPSTREAM_PYTEST = cd $(1)/tests/tests_pytorch && PYTHONPATH=$(1)/src:$(CURDIR)/t
 	--junitxml=$(UPSTREAM_RESULTS)/$(3).xml > $(UPSTREAM_RESULTS)/$(3).log 2>&1; \
 	tail -n 1 $(UPSTREAM_RESULTS)/$(3).log; test -s $(UPSTREAM_RESULTS)/$(3).xml
 
-.PHONY: venv demo test test-workers corpus fuzz chaos lint compat strategies lightning-suite lightning-next upstream-suite upstream-check upstream-tree upstream-patches docs bench bench-gather mutation dist dist-check pythons compile-pythons floor clean
+.PHONY: venv demo test test-workers corpus fuzz chaos exit-codes lint compat strategies lightning-suite lightning-next upstream-suite upstream-check upstream-tree upstream-patches docs bench bench-gather mutation dist dist-check pythons compile-pythons floor clean
 
 $(STAMP): requirements/*.txt pyproject.toml src/lightning_midepoch/__about__.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -375,6 +375,12 @@ bench: venv  ## measurements, printed as tables; plots in benchmarks/results/
 	$(PIP) install --quiet --no-deps -r requirements/bench.txt
 	$(BIN)/python benchmarks/run_all.py
 
+# `make exit-codes`: EXIT_JOBS uninterrupted two-node gloo jobs with the callback and as many stock, each rank's exit
+# code counted (issue 37: a rank 0 that aborted after fit returned, once in CI); core dumps in exit-codes-output/
+EXIT_JOBS ?= 100
+exit-codes: venv  ## exit codes of uninterrupted 2-process gloo jobs, with the callback and stock (not in CI)
+	$(BIN)/python tests/exit_codes.py --jobs $(EXIT_JOBS) --out exit-codes-output
+
 bench-gather: venv  ## host memory of a DDP checkpoint inside an accumulation group (2 gloo processes, 100M parameters)
 	$(BIN)/python benchmarks/bench_gather.py
 
@@ -454,4 +460,4 @@ floor: $(FLOOR_VENV)/.installed  ## the Trainer-level tests on the lowest torch 
 	$(FLOOR_VENV)/bin/python -m pytest $(TRAINER_TESTS) $(XDIST) -q -p no:cacheprovider
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) $(SUITE_VENV) $(SUITE_OUT) $(NEXT_VENV) $(NEXT_OUT) $(UPSTREAM_SUITE_OUT) $(UPSTREAM_TREES) $(UPSTREAM_CHECK_VENV) $(DIST_VENV) $(FLOOR_VENV) .venv-py* $(PYTHONS_OUT) $(CORPUS_OUT) build $(DIST_DIR) *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage demo-output docs/_build mutants
+	rm -rf $(VENV) $(COMPAT_VENV) $(SUITE_VENV) $(SUITE_OUT) $(NEXT_VENV) $(NEXT_OUT) $(UPSTREAM_SUITE_OUT) $(UPSTREAM_TREES) $(UPSTREAM_CHECK_VENV) $(DIST_VENV) $(FLOOR_VENV) .venv-py* $(PYTHONS_OUT) $(CORPUS_OUT) exit-codes-output build $(DIST_DIR) *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage demo-output docs/_build mutants

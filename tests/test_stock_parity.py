@@ -468,3 +468,61 @@ def test_a_stateful_callbacks_hook_after_the_write_is_warned_before_training(cra
         assert hooks_warnings == []
         assert torch.equal(ema.ema, full_ema.ema)
         assert_same_state(full, resumed_run)
+
+
+class _Counting:
+    """A train "loader" that is a plain iterable without a position of its own (as in Lightning's own loop tests)."""
+
+    def __iter__(self) -> Any:
+        return iter(range(10))
+
+    def __len__(self) -> int:
+        return 10
+
+
+class _Recording(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.seen: list[int] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        self.seen.append(int(batch))
+
+    def train_dataloader(self) -> Any:
+        return _Counting()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_an_iterable_without_a_position_restarts_as_stock_and_no_batch_of_it_is_dropped(tmp_path):
+    """Resumed mid-epoch, an iterable that keeps no position restarts from its beginning, as stock Lightning restarts
+    it: the same batches as stock, and a warning before training. (The batch check once loaded its first item as the
+    "last batch trained", found it different and dropped it: the resumed run trained 1, 2 where stock trains 0, 1.)"""
+    seen, warned = {}, {}
+    for callback in (False, True):
+        kwargs: dict[str, Any] = {
+            "default_root_dir": tmp_path / str(callback),
+            "logger": False,
+            "enable_checkpointing": False,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+        }
+        first = _Recording()
+        trainer = L.Trainer(max_steps=2, callbacks=[MidEpochResume()] if callback else [], **kwargs)
+        trainer.fit(first)
+        assert first.seen == [0, 1]
+        checkpoint = tmp_path / f"{callback}.ckpt"
+        trainer.save_checkpoint(checkpoint)
+        model = _Recording()
+        caught_before = FirstBatchWarnings([])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            caught_before.caught = caught
+            extra: list[L.Callback] = [MidEpochResume()] if callback else []
+            L.Trainer(max_steps=4, callbacks=[*extra, caught_before], **kwargs).fit(model, ckpt_path=checkpoint)
+        seen[callback], warned[callback] = model.seen, caught_before.before or []
+    assert seen[True] == seen[False] == [0, 1]
+    assert any("restarts its iteration from the beginning" in message for message in warned[True])
+    assert not any("loaded again by the resumed run, differs" in message for message in warned[True])

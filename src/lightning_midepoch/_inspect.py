@@ -539,8 +539,8 @@ def _last_batch_info(ranks: Sequence[Mapping[str, Any] | None], world_size: int,
     else:
         why = (
             "the last batch trained cannot be loaded again as it was: training_step(dataloader_iter), train loaders"
-            " that keep their own position or are left to Lightning, a loader without a length read in the main"
-            " process, or"
+            " that keep their own position or are left to Lightning, an iterable without a position of its own (it"
+            " restarts), a loader without a length read in the main process, or"
             ' MidEpochResume(verify_batch="off") or an earlier release'
         )
     return LastBatchInfo(why_absent=why)

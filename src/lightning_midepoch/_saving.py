@@ -299,9 +299,11 @@ class Saver:
         None where a resumed run cannot load that batch again as it does for a checkpoint written inside it: inside
         a batch (it is loaded again anyway), at an epoch's start or last batch, while handling an exception, where
         steps pull their own batches, loaders keep their own position or are left to Lightning (their positions are
-        Lightning's to restore), where workers hand batches over out of order, or where the states the batch was
-        loaded from are gone (loaded in the main process before the batch Lightning holds ahead, or before a
-        generator its dataset created on a first sample was found).
+        Lightning's to restore), an iterable without a position of its own is read (the resumed epoch restarts it
+        from its beginning, as stock Lightning does: no position to load its last batch again from), where workers
+        hand batches over out of order, or where the states the batch was loaded from are gone (loaded in the main
+        process before the batch Lightning holds ahead, or before a generator its dataset created on a first sample
+        was found).
         """
         ctx = self.ctx
         trainer, fetcher = ctx.trainer, ctx.fetcher
@@ -315,6 +317,8 @@ class Saver:
             return None
         kinds = [S.loader_kind(loader) for loader in ctx.loaders]
         if S.KIND_STATEFUL in kinds or S.KIND_FOREIGN in kinds or any(map(_out_of_order, ctx.loaders)):
+            return None
+        if any(_restarts(kind, loader) for kind, loader in zip(kinds, ctx.loaders, strict=True)):
             return None
         held = len(_compat.held_batches(fetcher))
         if held > 1 or (held and any(not getattr(loader, "num_workers", 0) for loader in ctx.loaders)):
@@ -543,6 +547,17 @@ def _main_process_generators(loader: Any) -> dict[str, Any]:
     if getattr(loader, "num_workers", 0) or getattr(loader, "dataset", None) is None:
         return {}
     return _rng.find_dataset_generators(loader.dataset)
+
+
+def _restarts(kind: str, loader: Any) -> bool:
+    """Whether a resumed epoch restarts ``loader`` from its beginning: an iterable whose dataset keeps no position.
+
+    Example:
+        >>> _restarts(S.KIND_ITERABLE, [0, 1, 2])
+        True
+
+    """
+    return kind == S.KIND_ITERABLE and not S.is_stateful(getattr(loader, "dataset", None))
 
 
 def _out_of_order(loader: Any) -> bool:

@@ -12,24 +12,19 @@ says whose thread that was.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-JOB = Path(__file__).resolve().parent / "ddp_job.py"
-CONFIG = {"dataset_size": 24, "hook_draws": False}  # test_two_nodes_resume_exactly_...'s uninterrupted job
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from test_distributed import DATASET, _command, _free_port  # the two-node job as tests/test_distributed.py runs it
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+CONFIG = {"dataset_size": DATASET, "hook_draws": False}  # test_two_nodes_resume_exactly_...'s uninterrupted job
 
 
 def _with_cores() -> None:
@@ -40,8 +35,7 @@ def one_job(stock: bool, out: Path) -> tuple[list[int], str]:
     """One uninterrupted two-node job: each rank's exit code, and the output of the ranks that did not exit 0."""
     folder = Path(tempfile.mkdtemp(dir=out))
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "PYTHONFAULTHANDLER": "1"}
-    command = [sys.executable, str(JOB), str(folder), "--devices", "1", "--num-nodes", "2"]
-    command += ["--config", json.dumps(CONFIG), *(["--stock"] if stock else [])]
+    command = _command(folder, 1, CONFIG, stock=stock, extra=("--num-nodes", "2"))
     ranks = [
         subprocess.Popen(
             command,

@@ -526,3 +526,79 @@ def test_an_iterable_without_a_position_restarts_as_stock_and_no_batch_of_it_is_
     assert seen[True] == seen[False] == [0, 1]
     assert any("restarts its iteration from the beginning" in message for message in warned[True])
     assert not any("loaded again by the resumed run, differs" in message for message in warned[True])
+
+
+class _FailInValidation(Exception):
+    pass
+
+
+class _Validated(L.LightningModule):
+    """Shuffled train and validation loaders; with ``fail``, the second validation raises at its second batch."""
+
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.fail, self.validations = fail, 0
+        self.seen: list[int] = []
+        self.validated: list[int] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        self.seen.extend(int(x) for x in batch)
+        return self.layer(batch.float().unsqueeze(1)).sum()
+
+    def on_validation_start(self) -> None:
+        self.validations += 1
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        if self.fail and self.validations == 2 and batch_idx == 1:
+            raise _FailInValidation
+        self.validated.extend(int(x) for x in batch)
+
+    def train_dataloader(self) -> Any:
+        return DataLoader(range(8), batch_size=2, shuffle=True)
+
+    def val_dataloader(self) -> Any:
+        return DataLoader(range(8), batch_size=2, shuffle=True)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_resume_from_inside_a_validation_runs_it_again_and_counts_its_batches_as_stock(tmp_path):
+    """``OnExceptionCheckpoint`` writes a checkpoint as the validation raises: the resume runs that validation again
+    from its start (the same batches as the uninterrupted run) and its progress counters are stock's, each batch
+    counted once and the interrupted one as started (Lightning's ``test_fit_can_fail_during_validation``)."""
+    kwargs: dict[str, Any] = {
+        "max_epochs": 1,
+        "val_check_interval": 0.5,
+        "num_sanity_val_steps": 0,
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+    }
+    progress, resumed = {}, {}
+    for callback in (False, True):
+
+        def ours(callback: bool = callback) -> list[L.Callback]:
+            return [MidEpochResume()] if callback else []
+
+        root = tmp_path / str(callback)
+        L.seed_everything(7)
+        full = _Validated()
+        L.Trainer(default_root_dir=root / "full", callbacks=ours(), **kwargs).fit(full)
+        L.seed_everything(7)
+        first = _Validated(fail=True)
+        on_exception = L.callbacks.OnExceptionCheckpoint(root)
+        with pytest.raises(_FailInValidation):
+            L.Trainer(default_root_dir=root, callbacks=[*ours(), on_exception], **kwargs).fit(first)
+        model = _Validated()
+        trainer = L.Trainer(default_root_dir=root, callbacks=ours(), **kwargs)
+        trainer.fit(model, ckpt_path=root / "on_exception.ckpt")
+        progress[callback] = trainer.fit_loop.state_dict()["epoch_loop.val_loop.batch_progress"]
+        resumed[callback] = (full, first, model)
+    assert progress[True] == progress[False]
+    assert progress[True]["total"]["ready"] == 4 + 1 + 4  # the first validation, the interrupted batch, the rerun
+    full, first, model = resumed[True]
+    assert first.seen + model.seen == full.seen
+    assert first.validated + model.validated == full.validated[:10] + full.validated[8:]  # 2 items a batch
+    assert torch.equal(model.layer.weight, full.layer.weight)

@@ -216,6 +216,7 @@ class _ResumableTrainingEpochLoop(_EpochLoopBase):
             # states it holds are those of the validation's start, and the batch is finished from there (that
             # validation again, plateau schedulers), as after a checkpoint written in on_train_batch_end
             self._midepoch.ctx.finish_interrupted_batch = True
+            _uncount_validation_rerun(self.val_loop.batch_progress)
         if self.restarting and self.restarted_on_train_batch_end:
             self._midepoch.ctx.finish_interrupted_batch = True
             progress = self.batch_progress
@@ -273,6 +274,27 @@ class _ResumableTrainingEpochLoop(_EpochLoopBase):
         # batch would then run from other states than those the checkpoint restored)
         with _compat.evaluation_skip_wrapped(self.val_loop, _rng.isolated_global):
             super().advance(data_fetcher)
+
+
+def _uncount_validation_rerun(progress: Any) -> None:
+    """Take the interrupted validation's completed batches off its progress counters: the resume runs them again.
+
+    Stock Lightning counts each validation batch once, the interrupted one as started but not completed; so does the
+    resume that runs the validation again from its start (Lightning's ``test_fit_can_fail_during_validation``).
+
+    >>> from types import SimpleNamespace as N
+    >>> total = N(ready=6, started=6, processed=5, completed=5)
+    >>> progress = N(total=total, current=N(ready=2, started=2, processed=1, completed=1))
+    >>> _uncount_validation_rerun(progress)
+    >>> progress.total, progress.current
+    (namespace(ready=5, started=5, processed=4, completed=4), namespace(ready=1, started=1, processed=0, completed=0))
+    """
+    rerun = progress.current.completed
+    for tracker in (progress.total, progress.current):
+        tracker.ready -= rerun
+        tracker.started -= rerun
+        tracker.processed -= rerun
+        tracker.completed -= rerun
 
 
 def _set_aside_early_iterator(ctx: Shared) -> None:

@@ -7,7 +7,8 @@ and writes what it observed to ``OUT/rank{RANK}.json``: ``tests/test_collectives
 - The batch check (``_batch_check.BatchCheck`` with ``outcomes_of_ranks`` through Lightning's ``DDPStrategy.reduce``,
   as a trainer's session calls it): a batch that differs on one rank is reported on every rank.
 - The signals' agreement (``_preemption.SharedSignalCheck``, standing in for Lightning's SIGTERM exchange): a signal
-  one rank received is served on every rank at the same point, once; a SIGTERM on one rank stops every rank.
+  one rank received is served on every rank at the same point, once; a SIGTERM on one rank stops every rank; the
+  exchange's tensor outlives the collective (gloo's worker thread must not be the one to free it).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import os
 import signal
 import sys
+import weakref
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -118,6 +120,30 @@ def sigterm_stops_every_rank(rank: int) -> Any:
     return None
 
 
+def exchange_keeps_its_tensor(rank: int) -> Any:
+    """Two exchanges over the real collective: whether each one's tensor is still referenced after the next."""
+    all_reduce = torch.distributed.all_reduce
+    exchanged: list[weakref.ref[torch.Tensor]] = []
+
+    def watched(tensor: torch.Tensor, op: Any) -> Any:
+        exchanged.append(weakref.ref(tensor))
+        return all_reduce(tensor, op=op)
+
+    trainer = SimpleNamespace(
+        received_sigterm=False, num_val_batches=[], strategy=SimpleNamespace(root_device=torch.device("cpu"))
+    )
+    check = SharedSignalCheck(trainer, SignalDeferral())  # type: ignore[arg-type]
+    torch.distributed.all_reduce = watched  # type: ignore[assignment]
+    try:
+        check()
+        after_one = [ref() is not None for ref in exchanged]
+        check()
+        after_two = [ref() is not None for ref in exchanged]
+    finally:
+        torch.distributed.all_reduce = all_reduce
+    return {"after_one": after_one, "after_two": after_two}
+
+
 def main() -> None:
     out, rank, world_size = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     os.environ["LOCAL_RANK"] = "0"  # one CPU device per process
@@ -129,6 +155,7 @@ def main() -> None:
         "alike": batch_check(rank, world_size, "raise", differs_on=None, entry_on=(0, 1)),
         "signal": signal_served_on_every_rank(rank),
         "sigterm": sigterm_stops_every_rank(rank),
+        "kept": exchange_keeps_its_tensor(rank),
     }
     (out / f"rank{rank}.json").write_text(json.dumps(observed))
     torch.distributed.destroy_process_group()

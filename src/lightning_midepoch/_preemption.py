@@ -265,6 +265,7 @@ class SharedSignalCheck:
         self.trainer, self.deferral = trainer, deferral
         self.agreed_validation = False  # every rank has the same number of validation batches (latest exchange)
         self.in_validation = False  # the validation under way exchanges at its batches' ends
+        self.exchanged: torch.Tensor | None = None  # the last exchange's tensor (see _exchange)
 
     def __call__(self) -> None:
         trainer = self.trainer
@@ -301,6 +302,11 @@ class SharedSignalCheck:
     def _exchange(self, notes: list[int]) -> list[int] | None:
         try:
             exchanged = torch.tensor(notes, dtype=torch.int64, device=self.trainer.strategy.root_device)
+            # kept until the next exchange: gloo's worker thread lets go of the collective's tensors after the call
+            # returns, and freeing a tensor there takes the GIL; at the interpreter's exit that aborts the process
+            # ("terminate called without an active exception", pytorch/pytorch#190489), and the exchange can be the
+            # job's last collective (Lightning's own, which this one stands in for, drops its tensor)
+            self.exchanged = exchanged
             torch.distributed.all_reduce(exchanged, op=torch.distributed.ReduceOp.MAX)
             return [int(flag) for flag in exchanged.tolist()]
         except Exception:

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import faulthandler
 import importlib
 import logging
+import multiprocessing
 import os
 import random
 import signal
@@ -744,6 +746,50 @@ def fresh_job_signals() -> None:
         signal.signal(signum, signal.SIG_DFL)
 
 
+#: a delivery (two jobs and their comparison) takes seconds: one still running after this long is stuck
+DELIVERY_TIMEOUT_S = 600.0
+
+
+class HangWatch:
+    """Ends the process with every thread's stack, its own and its DataLoader workers', where the block inside runs
+    past ``timeout`` seconds: a hang would otherwise stop ``make chaos`` with nothing to read (one delivery of about
+    600 hung once, its main process waiting for a batch while both workers' main threads waited for a task; their
+    other threads were not looked at). Exit code 3.
+
+    The workers dump theirs on SIGQUIT: ``faulthandler.register`` (made by :func:`dump_on_sigquit` before any worker
+    is forked) is inherited by every fork.
+    """
+
+    def __init__(self, label: str, timeout: float = DELIVERY_TIMEOUT_S) -> None:
+        self.label, self.timeout = label, timeout
+        self.timer = threading.Timer(timeout, self._dump)
+        self.timer.daemon = True
+
+    def __enter__(self) -> HangWatch:
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.timer.cancel()
+
+    def _dump(self) -> None:
+        children = multiprocessing.active_children()
+        print(f"HANG: {self.label} still runs after {self.timeout:.0f} s; every thread's stack follows", flush=True)
+        print(f"process {os.getpid()} (main), workers {[child.pid for child in children]}", flush=True)
+        faulthandler.dump_traceback(all_threads=True)
+        for child in children:
+            os.kill(child.pid, signal.SIGQUIT)
+        time.sleep(1)  # (the workers write to the same stderr)
+        for child in children:
+            child.kill()
+        os._exit(3)
+
+
+def dump_on_sigquit() -> None:
+    """SIGQUIT writes every thread's stack to stderr, in this process and in each process forked from it."""
+    faulthandler.register(signal.SIGQUIT, all_threads=True)
+
+
 def _thread_note(args: threading.ExceptHookArgs) -> None:
     # a killed job's DataLoader workers drop the connections of the main process's file-descriptor sharing thread
     print(f"(a thread of the killed job: {args.exc_type.__name__}: {args.exc_value})", flush=True)
@@ -770,6 +816,7 @@ def main() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)  # one line per delivery, not Lightning's notes
     fresh_job_signals()
     threading.excepthook = _thread_note
+    dump_on_sigquit()
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     print(f"chaos seed: {seed} (python tests/chaos.py --seed {seed} ... repeats these deliveries)", flush=True)
     rng = random.Random(seed)
@@ -786,13 +833,14 @@ def main() -> None:
     for index, ((flow, workers), callback) in enumerate(plan):
         config = replace(CONFIG, num_workers=workers)
         key = (flow.name, workers, callback)
-        if key not in fulls:
-            full = uninterrupted(config, flow, out / f"full-{flow.name}-{workers}-{callback}", callback=callback)
-            fulls[key] = (full, count_lines(config, flow, out / f"count-{key}", callback=callback))
-        full, lines = fulls[key]
-        at = rng.randint(*lines)
-        outcome = deliver(config, flow, at, out / f"d{index}", full, callback=callback)
         label = f"{flow.name} nw={workers}{'' if callback else ' STOCK'}"
+        with HangWatch(f"delivery {index + 1} ({label})"):
+            if key not in fulls:
+                full = uninterrupted(config, flow, out / f"full-{flow.name}-{workers}-{callback}", callback=callback)
+                fulls[key] = (full, count_lines(config, flow, out / f"count-{key}", callback=callback))
+            full, lines = fulls[key]
+            at = rng.randint(*lines)
+            outcome = deliver(config, flow, at, out / f"d{index}", full, callback=callback)
         outcomes.append((label, outcome))
         _report(f"[{index + 1}/{len(plan)}] {label} line {at}: landed in {outcome.landed}", outcome)
     if args.ddp or args.ddp_stock:

@@ -11,9 +11,12 @@ import importlib
 import os
 import random
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -841,3 +844,37 @@ def test_a_declared_signals_handler_runs_at_the_batchs_end_once(tmp_path):
 def test_checkpoint_signals_must_be_signals_a_handler_can_catch(bad):
     with pytest.raises(ValueError, match="`checkpoint_signals` takes signals a handler can catch"):
         MidEpochResume(checkpoint_signals=[bad])
+
+
+_STUCK_WORKER = """
+import sys, time
+import torch
+sys.path.insert(0, sys.argv[1])
+import chaos
+
+class Stuck(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        time.sleep(60)
+
+chaos.dump_on_sigquit()
+with chaos.HangWatch("the stuck loader", timeout=1):
+    next(iter(torch.utils.data.DataLoader(Stuck(), num_workers=1)))
+"""
+
+
+@pytest.mark.slow
+def test_a_hang_in_the_chaos_campaign_ends_it_with_every_threads_stack_workers_included(tmp_path):
+    """``make chaos`` once hung for good in a delivery; now the delivery's watch ends the process (exit 3) with the
+    stacks of its threads and of its DataLoader workers' (here a worker stuck in ``__getitem__``)."""
+    script = tmp_path / "stuck.py"
+    script.write_text(_STUCK_WORKER)
+    done = subprocess.run(
+        [sys.executable, str(script), str(Path(chaos.__file__).parent)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "HANG: the stuck loader still runs after 1 s" in done.stdout
+    assert "in __getitem__" in done.stderr, done.stderr  # the worker's stack
+    assert "in _get_data" in done.stderr or "in _try_get_data" in done.stderr, done.stderr  # the main thread's

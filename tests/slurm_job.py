@@ -39,6 +39,23 @@ from lightning_midepoch import MidEpochResume
 
 TRAINING = threading.Event()
 SIGNALLED: list[float] = []  # when the scheduler sent SLURM's signal
+#: training is over (``on_train_end``, or ``on_exception``): the scheduler sends no more signals. One sent later would
+#: meet the default action that Lightning's teardown gives the signal back (in stock Lightning as with the callback)
+#: and end the task before it writes its result, the launcher's only view of it: SLURM signals every task of a job
+#: within milliseconds, and the spread of moments between the ranks here is the harness's own.
+OVER = threading.Event()
+SENDING = threading.Lock()  # (a signal is sent, or training ends, not both at once)
+
+
+def send(signum: int, note: list[float] | None = None) -> bool:
+    """Send ``signum`` to this task unless training is over (noting the moment in ``note``); whether it was sent."""
+    with SENDING:
+        if OVER.is_set():
+            return False
+        if note is not None:
+            note.append(time.monotonic())
+        os.kill(os.getpid(), signum)
+        return True
 
 
 class Paced(L.Callback):
@@ -56,6 +73,12 @@ class Paced(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.ended = time.monotonic()
+        with SENDING:
+            OVER.set()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        with SENDING:
+            OVER.set()
 
 
 class RaiseOnOneRank(L.Callback):
@@ -122,8 +145,8 @@ class SignalInValidation(L.Callback):
 def scheduler(job_dir: Path, signal_after: float, kill_wait: float, signum: int) -> None:
     TRAINING.wait()
     time.sleep(signal_after)
-    SIGNALLED.append(time.monotonic())
-    os.kill(os.getpid(), signum)
+    if not send(signum, SIGNALLED):
+        return
     if signum != signal.SIGTERM:  # (SIGTERM: Lightning ends the job itself, its SIGTERM exception)
         requeue_ends_the_job(job_dir, kill_wait)
 
@@ -132,7 +155,8 @@ def requeue_ends_the_job(job_dir: Path, kill_wait: float) -> None:
     """After SLURM's signal: once the requeue ran, SIGTERM to the task, and SIGKILL ``kill_wait`` seconds later."""
     while not (job_dir / "requeued").exists():
         time.sleep(0.05)
-    os.kill(os.getpid(), signal.SIGTERM)  # scontrol requeue: SLURM ends every task of the job ...
+    if not send(signal.SIGTERM):  # scontrol requeue: SLURM ends every task of the job ...
+        return
     time.sleep(kill_wait)
     os.kill(os.getpid(), signal.SIGKILL)  # ... and kills it after KillWait
 

@@ -568,12 +568,20 @@ def test_a_checkpoint_asked_for_during_a_validation_is_written_within_one_valida
 PACED_TRAINING_S = 0.6 * 0.01 * chaos.DDP_CONFIG.max_epochs * chaos.DDP_CONFIG.batches_per_epoch / 2
 
 
+@pytest.fixture(scope="module")
+def ddp_oracle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted 2-rank SLURM job the DDP deliveries are compared with (read only: one for the module's tests
+    on each pytest worker, as ``make chaos`` has one for all its DDP deliveries)."""
+    full_dir = tmp_path_factory.mktemp("ddp-oracle")
+    assert chaos.slurm_step(full_dir, 0, None) == "done", chaos._log_tails(full_dir)
+    return full_dir
+
+
 @pytest.mark.slow
-def test_a_requeued_slurm_job_of_two_ranks_signalled_at_different_moments_resumes_exactly(tmp_path):
+def test_a_requeued_slurm_job_of_two_ranks_signalled_at_different_moments_resumes_exactly(ddp_oracle, tmp_path):
     """Each rank gets SLURM's signal at its own moment (timers): the ranks agree on one consistent point, rank 0
     requeues once the file is complete, no rank hangs, and the requeued job continues every rank exactly."""
-    full_dir = tmp_path / "full"
-    assert chaos.slurm_step(full_dir, 0, None) == "done"
+    full_dir = ddp_oracle
     rng = random.Random(f"{SEED}-ddp")
     moments = [rng.uniform(0, PACED_TRAINING_S), rng.uniform(0, PACED_TRAINING_S)]
     outcome = chaos.deliver_ddp(tmp_path / "job", full_dir, moments)
@@ -582,12 +590,11 @@ def test_a_requeued_slurm_job_of_two_ranks_signalled_at_different_moments_resume
 
 
 @pytest.mark.slow
-def test_sigterm_to_one_rank_of_two_stops_every_rank_at_one_point_and_resumes_exactly(tmp_path):
+def test_sigterm_to_one_rank_of_two_stops_every_rank_at_one_point_and_resumes_exactly(ddp_oracle, tmp_path):
     """SIGTERM to rank 1 only (Lightning's notifier broadcasts from inside its handler; stock Lightning hangs here):
     every rank serves it at one agreed point, raises Lightning's SIGTERM exception there, and the
     ``OnExceptionCheckpoint`` file holds every rank's states, so the next job continues every rank exactly."""
-    full_dir = tmp_path / "full"
-    assert chaos.slurm_step(full_dir, 0, None) == "done"
+    full_dir = ddp_oracle
     moment = random.Random(f"{SEED}-sigterm").uniform(0, PACED_TRAINING_S)
     outcome = chaos.deliver_ddp(tmp_path / "job", full_dir, [None, moment], flow_name="sigterm")
     assert outcome.exact, f"{outcome} (MIDEPOCH_CHAOS_SEED={SEED} repeats this sample)"
@@ -608,11 +615,10 @@ def _small_trainer(tmp_path, callbacks, max_epochs=1, **kwargs):
 
 
 @pytest.mark.slow
-def test_a_slurm_signal_that_reaches_rank_0_after_every_rank_served_it_is_not_served_again(tmp_path):
+def test_a_slurm_signal_that_reaches_rank_0_after_every_rank_served_it_is_not_served_again(ddp_oracle, tmp_path):
     """Rank 1 gets SLURM's signal first: both ranks serve it at one agreed point; rank 0's own delivery, a moment
     later, asks for nothing more (one hpc checkpoint, one requeue), and the requeued job resumes exactly."""
-    full_dir = tmp_path / "full"
-    assert chaos.slurm_step(full_dir, 0, None) == "done"
+    full_dir = ddp_oracle
     outcome = chaos.deliver_ddp(tmp_path / "job", full_dir, [0.15, 0.05])
     assert outcome.exact, outcome
     assert outcome.checkpoint is not None, "the signals came after training: the case tested nothing"

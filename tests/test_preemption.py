@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 import chaos
 from harness import NAMESPACE, L
@@ -568,12 +569,18 @@ def test_a_checkpoint_asked_for_during_a_validation_is_written_within_one_valida
 PACED_TRAINING_S = 0.6 * 0.01 * chaos.DDP_CONFIG.max_epochs * chaos.DDP_CONFIG.batches_per_epoch / 2
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ddp_oracle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The uninterrupted 2-rank SLURM job the DDP deliveries are compared with (read only: one for the module's tests
-    on each pytest worker, as ``make chaos`` has one for all its DDP deliveries)."""
-    full_dir = tmp_path_factory.mktemp("ddp-oracle")
-    assert chaos.slurm_step(full_dir, 0, None) == "done", chaos._log_tails(full_dir)
+    """The uninterrupted 2-rank SLURM job the DDP deliveries are compared with, read only: one job for the session,
+    whichever pytest worker asks first (pytest-xdist's recipe for a session fixture made once, a file lock in the
+    workers' common temporary folder), as ``make chaos`` has one for all its DDP deliveries."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+    full_dir, done = root / "ddp-oracle", root / "ddp-oracle.done"
+    with FileLock(str(root / "ddp-oracle.lock")):
+        if not done.exists():
+            assert chaos.slurm_step(full_dir, 0, None) == "done", chaos._log_tails(full_dir)
+            done.touch()
     return full_dir
 
 

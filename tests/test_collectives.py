@@ -80,9 +80,8 @@ def test_a_sigterm_on_one_rank_stops_every_rank(ranks):
 
 def test_the_ranks_exchange_keeps_its_tensor_after_the_collective(ranks):
     """gloo's worker thread lets go of a collective's tensors after the call returns. Were its reference the last, it
-    would free the tensor there, which takes the GIL, and at the interpreter's exit that aborts the process ("terminate
-    called without an active exception": a bare 2-rank gloo script whose last act is an all_reduce on a dropped tensor
-    aborted in 14 of 100 runs, and in none of 100 where it kept the tensor). The exchange's tensor stays referenced
-    until the next exchange, and only the last one is kept."""
+    would free the tensor there, which takes the GIL, and a thread that asks for the GIL while the interpreter exits
+    is ended inside C++: the process aborts ("terminate called without an active exception", pytorch/pytorch#190489).
+    The exchange's tensor stays referenced until the next exchange, and only the last one is kept."""
     for observed in ranks:
         assert observed["kept"] == {"after_one": [True], "after_two": [False, True]}

@@ -633,8 +633,9 @@ def test_a_slurm_signal_that_reaches_rank_0_after_every_rank_served_it_is_not_se
 
 @pytest.mark.slow
 def test_uninterrupted_two_rank_slurm_jobs_exit_0_on_every_rank(tmp_path):
-    """2-rank DDP jobs launched as SLURM tasks, never signalled, end as stock's do: every task exits 0 (the callback
-    adds no collective, so no rank is left in one as another leaves; ``make chaos`` runs ten)."""
+    """2-rank DDP jobs launched as SLURM tasks, never signalled, end as stock's do: every task exits 0 (each
+    collective of the callback's is one every rank reaches, so no rank is left in one as another leaves; ``make
+    chaos`` runs ten)."""
     for index in range(2):
         job_dir = tmp_path / f"job{index}"
         assert chaos.slurm_step_codes(job_dir, 0, None) == [0, 0], chaos._log_tails(job_dir)

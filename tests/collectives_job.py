@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import sys
+import time
 import weakref
 from pathlib import Path
 from types import SimpleNamespace
@@ -138,6 +139,10 @@ def exchange_keeps_its_tensor(rank: int) -> Any:
         check()
         after_one = [ref() is not None for ref in exchanged]
         check()
+        # gloo's worker thread lets go of the first collective in its own time: wait for it (bounded)
+        deadline = time.monotonic() + 30
+        while exchanged[0]() is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
         after_two = [ref() is not None for ref in exchanged]
     finally:
         torch.distributed.all_reduce = all_reduce

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import io
 import pickle
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
@@ -26,6 +27,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import harness
 from harness import (
     UNCHECKED_RELEASE,
     Comparison,
@@ -33,11 +35,13 @@ from harness import (
     CountingIterable,
     CrashPoint,
     L,
+    RunResult,
     assert_exact,
     checkpoint_path,
     interrupt_and_resume,
     resume_repeatedly,
     run,
+    uninterrupted,
 )
 from lightning_midepoch import _workers as W
 
@@ -440,3 +444,74 @@ def test_out_of_order_workers_are_warned_before_training(monkeypatch, tmp_path):
         warnings.simplefilter("always")
         run(replace(config, in_order=True), tmp_path / "in-order")
     assert not [w for w in caught if "in_order" in str(w.message)]
+
+
+#: what worker 1 does when it starts ("late": 3 s late, "fail": raise): read in each worker, the value at its fork
+_WORKER_1: list[str | None] = [None]
+
+
+def _worker_1_init(worker_id: int) -> None:
+    if worker_id == 1 and _WORKER_1[0] == "late":
+        time.sleep(3.0)
+    if worker_id == 1 and _WORKER_1[0] == "fail":
+        raise ValueError("worker 1 cannot start")
+
+
+class _LateUntilTraining(_WarningsBeforeTraining):
+    """... and makes only the workers forked before the first training batch start late."""
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        _WORKER_1[0] = None
+
+
+def _resume_with_worker_1(does: str, config: Config, tmp_path: Path, **kwargs: Any) -> RunResult:
+    ckpt = checkpoint_path(tmp_path / "interrupted", MID)
+    _WORKER_1[0] = does
+    try:
+        return run(config, tmp_path / "resumed", ckpt_path=ckpt, seed=2, **kwargs)
+    finally:
+        _WORKER_1[0] = None
+
+
+def test_a_resumed_worker_that_starts_after_the_wait_is_warned_before_training_and_still_continues(
+    monkeypatch, tmp_path
+):
+    """Its states are loaded when it starts, but the checks of what it found cannot run before training: warned.
+
+    Worker 1 of the resumed iterator starts 3 s late while the wait is 0.1 s (the first remaining batch of ``MID`` is
+    its: training waits for it, as stock Lightning would). Before, the wait ended without a word.
+    """
+    monkeypatch.setitem(harness.WORKER_INITS, "worker 1", _worker_1_init)
+    config = replace(AUGMENTED, worker_init="worker 1")
+    full = uninterrupted(config, tmp_path / "full")
+    interrupted = run(config, tmp_path / "interrupted", crash=MID)
+    assert interrupted.crashed
+    monkeypatch.setattr(W, "WAIT_S", 0.1)
+    text = "resumed worker process(es) [1] had not started 0.1 s after"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        probe = _LateUntilTraining(caught, text)
+        resumed = _resume_with_worker_1("late", config, tmp_path, extra_callbacks=[probe])
+    assert probe.before == 1
+    assert "Train dataloader 0's" in next(str(w.message) for w in caught if text in str(w.message))
+    assert_exact(Comparison(full, interrupted, resumed))
+
+
+def test_a_worker_init_function_that_raises_on_resume_raises_as_in_stock_lightning_without_a_wait(
+    monkeypatch, tmp_path
+):
+    """The resume does not wait for the failed worker's start (it waited ``WAIT_S``, 120 s, before the error)."""
+    monkeypatch.setitem(harness.WORKER_INITS, "worker 1", _worker_1_init)
+    monkeypatch.setattr(W, "WAIT_S", 5.0)  # (a regression warns that worker 1 had not started)
+    config = replace(AUGMENTED, worker_init="worker 1")
+    assert run(config, tmp_path / "interrupted", crash=MID).crashed
+    errors = []
+    for callback in (True, False):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(ValueError, match="worker process 1") as error:
+                _resume_with_worker_1("fail", config, tmp_path, callback=callback)
+        errors.append(str(error.value).splitlines()[0])
+        assert not [w for w in caught if "had not started" in str(w.message)]
+    assert errors[0] == errors[1] == "Caught ValueError in DataLoader worker process 1."

@@ -57,8 +57,9 @@ BEFORE_BATCHES = -1
 WAIT_S = 120.0
 # header fields of a slot
 _SEQ, _PASS, _COUNT, _SIZE = range(4)
-# fields of a worker's start record
+# fields of a worker's start record, and the value of _STARTED for a worker whose init functions raised
 _SEED, _DIGEST, _STARTED, _UNRESTORED = range(4)
+_FAILED = -1
 
 #: In a worker process: the recorder of the worker's states (set by the composed ``worker_init_fn``).
 _RECORDER: _WorkerRecorder | None = None
@@ -70,8 +71,8 @@ class _Buffers:
 
     headers: torch.Tensor  # int64 [workers, slots, 4]: sequence number, pass, batches of the pass, bytes (-n: too big)
     data: torch.Tensor  # uint8 [workers, slots, capacity]
-    # int64 [workers, 4]: the worker's seed, a digest of its states after the init functions, 1, and (resumed) how
-    # many of the saved generators of its dataset copy it could not find
+    # int64 [workers, 4]: the worker's seed, a digest of its states after the init functions, 1 (-1: they raised),
+    # and (resumed) how many of the saved generators of its dataset copy it could not find
     starts: torch.Tensor
     passes: torch.Tensor  # int64 [1]: the number of the pass the main process is dispatching
 
@@ -215,6 +216,15 @@ class _WorkerInit:
         self.payloads: list[Mapping[str, Any] | None] | None = None
 
     def __call__(self, worker_id: int) -> None:
+        try:
+            self._start(worker_id)
+        except BaseException:
+            # torch hands the error to the main process with the worker's first batch, as without the callback:
+            # nothing waits for this worker's start
+            self.buffers.starts[worker_id, _STARTED] = _FAILED
+            raise
+
+    def _start(self, worker_id: int) -> None:
         global _RECORDER
         if self.user_fn is not None:
             self.user_fn(worker_id)
@@ -454,6 +464,7 @@ class LoaderWorkers:
         # created before the callback's setup (`trainer.estimated_stepping_batches` read earlier), whose workers
         # never write a state that a checkpoint could wait for
         self.started = False
+        self.unchecked: list[int] = []  # the resumed workers that had not started when resumed() stopped waiting
         self.buffers = _Buffers.allocate(self.workers, self.slots, self.capacity, self.current_pass)
         self.originals = (loader.worker_init_fn, loader.collate_fn)
         self.init = _WorkerInit(loader.worker_init_fn, self.buffers)
@@ -634,22 +645,31 @@ class LoaderWorkers:
         return None
 
     def resumed(self) -> str | None:
-        """After the resumed iterator was created: stop loading states; returns a problem the workers found, if any."""
+        """After the resumed iterator was created: stop loading states; returns a problem the workers found, if any.
+
+        A worker that has not started ``WAIT_S`` seconds after its iterator was created still loads its states when
+        it starts (it holds them since it was forked), but what it finds is not known before training: the list of
+        such workers is kept in ``unchecked`` for the caller to warn about.
+        """
         payloads, self.init.payloads = self.init.payloads, None
+        self.unchecked = []
         if payloads is None:
             return None
         deadline = time.monotonic() + WAIT_S
         starts = self.buffers.starts
         while not bool(starts[:, _STARTED].all()) and time.monotonic() < deadline:
             time.sleep(0.001)
+        self.unchecked = [
+            worker for worker, payload in enumerate(payloads) if payload is not None and not starts[worker, _STARTED]
+        ]
         for worker, payload in enumerate(payloads):
             seed, digest, started, unrestored = starts[worker].tolist()
-            if payload is not None and started and seed == payload["seed"] and digest != payload["init_digest"]:
+            if payload is not None and started == 1 and seed == payload["seed"] and digest != payload["init_digest"]:
                 return (
                     f"its worker_init_fn left worker {worker} in other random states than the original worker's with"
                     " the same seed (it seeds from something other than its worker id and seed, such as the clock)"
                 )
-            if payload is not None and started and unrestored:
+            if payload is not None and started == 1 and unrestored:
                 paths = sorted(set(payload["state"]["objects"]))
                 return (
                     f"worker {worker}'s copy of its dataset holds none of {unrestored} of the generators the original"
@@ -724,6 +744,10 @@ class WorkerStates:
         """After the resumed iterator was created: the problems its workers reported, per loader."""
         problems = {index: workers.resumed() for index, workers in self.loaders.items()}
         return {index: problem for index, problem in problems.items() if problem is not None}
+
+    def unchecked(self) -> dict[int, list[int]]:
+        """Per loader, the resumed workers that had not started when :meth:`resumed` stopped waiting for them."""
+        return {index: workers.unchecked for index, workers in self.loaders.items() if workers.unchecked}
 
     def state_dict(
         self, positions: Mapping[int, int], epoch_ended: bool = False, wait: bool = True

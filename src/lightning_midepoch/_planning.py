@@ -279,18 +279,21 @@ class ResumePlanner:
         finally:
             for index in replays:
                 self.ctx.recorders[index].disarm()  # type: ignore[union-attr]
-        for index, problem in self.workers.resumed().items():
-            self._warn_workers(index, problem)
-        for index, late in self.workers.unchecked().items():
-            _compat.warn(
-                f"Train dataloader {index}'s resumed worker process(es) {late} had not started"
-                f" {_workers.WAIT_S:g} s after the resumed iterator was created: they load the saved random"
-                " states when they start, but the checks that their worker_init_fn and their copy of the dataset let"
-                " those states continue exactly did not run before training (a worker_init_fn that seeds from the"
-                " clock would go unnoticed).",
-                self.trainer,
-                self.ctx.warned,
-            )
+        for index, (problem, late) in self.workers.resumed().items():
+            if problem is not None:
+                self._warn_workers(index, problem)
+            if late:
+                self._warn_late_workers(index, late)
+
+    def _warn_late_workers(self, index: int, late: list[int]) -> None:
+        _compat.warn(
+            f"Train dataloader {index}'s resumed worker process(es) {late} had not started {_workers.WAIT_S:g} s after"
+            " the resumed iterator was created: they load the saved random states when they start, but the checks that"
+            " their worker_init_fn and their copy of the dataset let those states continue exactly did not run before"
+            " training (a worker_init_fn that seeds from the clock would go unnoticed).",
+            self.trainer,
+            self.ctx.warned,
+        )
 
     def _arm_workers(
         self, rank_state: Mapping[str, Any] | None, positions: Mapping[int, tuple[int, bool]]

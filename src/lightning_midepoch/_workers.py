@@ -464,7 +464,6 @@ class LoaderWorkers:
         # created before the callback's setup (`trainer.estimated_stepping_batches` read earlier), whose workers
         # never write a state that a checkpoint could wait for
         self.started = False
-        self.unchecked: list[int] = []  # the resumed workers that had not started when resumed() stopped waiting
         self.buffers = _Buffers.allocate(self.workers, self.slots, self.capacity, self.current_pass)
         self.originals = (loader.worker_init_fn, loader.collate_fn)
         self.init = _WorkerInit(loader.worker_init_fn, self.buffers)
@@ -644,22 +643,23 @@ class LoaderWorkers:
         self.prefix = self.dropped = shift
         return None
 
-    def resumed(self) -> str | None:
-        """After the resumed iterator was created: stop loading states; returns a problem the workers found, if any.
+    def resumed(self) -> tuple[str | None, list[int]]:
+        """After the resumed iterator was created: stop loading states.
 
-        A worker that has not started ``WAIT_S`` seconds after its iterator was created still loads its states when
-        it starts (it holds them since it was forked), but what it finds is not known before training: the list of
-        such workers is kept in ``unchecked`` for the caller to warn about.
+        Returns:
+            A problem the workers found (or None), and the workers that had not started ``WAIT_S`` seconds after the
+            iterator was created: they still load their states when they start (they hold them since they were
+            forked), but what they find is not known before training.
+
         """
         payloads, self.init.payloads = self.init.payloads, None
-        self.unchecked = []
         if payloads is None:
-            return None
+            return None, []
         deadline = time.monotonic() + WAIT_S
         starts = self.buffers.starts
         while not bool(starts[:, _STARTED].all()) and time.monotonic() < deadline:
             time.sleep(0.001)
-        self.unchecked = [
+        unchecked = [
             worker for worker, payload in enumerate(payloads) if payload is not None and not starts[worker, _STARTED]
         ]
         for worker, payload in enumerate(payloads):
@@ -668,15 +668,15 @@ class LoaderWorkers:
                 return (
                     f"its worker_init_fn left worker {worker} in other random states than the original worker's with"
                     " the same seed (it seeds from something other than its worker id and seed, such as the clock)"
-                )
+                ), unchecked
             if payload is not None and started == 1 and unrestored:
                 paths = sorted(set(payload["state"]["objects"]))
                 return (
                     f"worker {worker}'s copy of its dataset holds none of {unrestored} of the generators the original"
                     f" worker's copy drew from ({', '.join(paths)}), even after loading a first sample (it creates"
                     " them later, or under other names)"
-                )
-        return None
+                ), unchecked
+        return None, unchecked
 
 
 class WorkerStates:
@@ -740,14 +740,10 @@ class WorkerStates:
             return "its persistent workers were already running before this fit resumed"
         return workers.arm(saved, skip, continues_pass)
 
-    def resumed(self) -> dict[int, str]:
-        """After the resumed iterator was created: the problems its workers reported, per loader."""
-        problems = {index: workers.resumed() for index, workers in self.loaders.items()}
-        return {index: problem for index, problem in problems.items() if problem is not None}
-
-    def unchecked(self) -> dict[int, list[int]]:
-        """Per loader, the resumed workers that had not started when :meth:`resumed` stopped waiting for them."""
-        return {index: workers.unchecked for index, workers in self.loaders.items() if workers.unchecked}
+    def resumed(self) -> dict[int, tuple[str | None, list[int]]]:
+        """After the resumed iterator was created: per loader, what :meth:`LoaderWorkers.resumed` reports (if any)."""
+        reports = {index: workers.resumed() for index, workers in self.loaders.items()}
+        return {index: report for index, report in reports.items() if report != (None, [])}
 
     def state_dict(
         self, positions: Mapping[int, int], epoch_ended: bool = False, wait: bool = True
